@@ -1,0 +1,101 @@
+//! The only place where C pointers become Rust values: the panic guard every exported body runs
+//! in, handle tables for the opaque types, and checked reads and writes through pointers.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex};
+
+use hccn_runtime::{Error, Result};
+
+use crate::error::{fail, set_last};
+use crate::types::{hccn_result, HCCN_SUCCESS};
+
+/// Runs an exported body: errors become codes with a last-error message, panics become
+/// `HCCN_ERROR_INTERNAL`; nothing unwinds into C.
+pub(crate) fn guard(f: impl FnOnce() -> Result<hccn_result>) -> hccn_result {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(code)) => code,
+        Ok(Err(e)) => fail(&e),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown".into());
+            set_last(&format!("internal error (a panic was caught at the C boundary): {what}"));
+            crate::types::result_of(hccn_runtime::ErrorKind::Internal)
+        }
+    }
+}
+
+pub(crate) fn ok() -> Result<hccn_result> {
+    Ok(HCCN_SUCCESS)
+}
+
+/// Live objects behind opaque pointers. A pointer is valid only while its object is in the
+/// table, so a destroyed handle used again is an error, not a use-after-free.
+pub(crate) struct Table<T> {
+    kind: &'static str,
+    map: Mutex<Option<HashMap<usize, Arc<T>>>>,
+}
+
+impl<T> Table<T> {
+    pub const fn new(kind: &'static str) -> Self {
+        Table { kind, map: Mutex::new(None) }
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut HashMap<usize, Arc<T>>) -> R) -> R {
+        let mut g = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        f(g.get_or_insert_with(HashMap::new))
+    }
+
+    /// Registers `value`; the returned address is its handle.
+    pub fn insert<P>(&self, value: T) -> *mut P {
+        let arc = Arc::new(value);
+        let addr = Arc::as_ptr(&arc) as usize;
+        self.with(|m| m.insert(addr, arc));
+        addr as *mut P
+    }
+
+    pub fn get<P>(&self, handle: *const P, arg: &str) -> Result<Arc<T>> {
+        if handle.is_null() {
+            return Err(Error::null(format!("{arg} is NULL")));
+        }
+        self.with(|m| m.get(&(handle as usize)).cloned())
+            .ok_or_else(|| Error::invalid(format!("{arg} is not a live {} (destroyed, or never created)", self.kind)))
+    }
+
+    pub fn remove<P>(&self, handle: *const P, arg: &str) -> Result<Arc<T>> {
+        if handle.is_null() {
+            return Err(Error::null(format!("{arg} is NULL")));
+        }
+        self.with(|m| m.remove(&(handle as usize)))
+            .ok_or_else(|| Error::invalid(format!("{arg} is not a live {} (destroyed, or never created)", self.kind)))
+    }
+}
+
+/// Writes `value` through an output pointer that has already been checked for NULL.
+pub(crate) fn write<T>(out: *mut T, value: T) {
+    // SAFETY: callers check `out` with `out_ptr` first; the C caller promises it points to
+    // writable memory for one T (API.md: output parameters).
+    unsafe { out.write(value) }
+}
+
+pub(crate) fn out_ptr<T>(out: *mut T, arg: &str) -> Result<*mut T> {
+    if out.is_null() {
+        return Err(Error::null(format!("{arg} (output) is NULL")));
+    }
+    Ok(out)
+}
+
+/// Copies `n` elements of a C array that must be non-NULL when `n > 0`.
+pub(crate) fn array<T: Copy>(p: *const T, n: usize, arg: &str) -> Result<Vec<T>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    if p.is_null() {
+        return Err(Error::null(format!("{arg} is NULL")));
+    }
+    // SAFETY: non-NULL, and the C caller promises `n` readable elements (API.md).
+    Ok(unsafe { std::slice::from_raw_parts(p, n) }.to_vec())
+}

@@ -1,0 +1,55 @@
+//! hccn's C ABI (API.md). Every exported body runs inside [`ffi::guard`]; pointers become Rust
+//! values only through `ffi`; the runtime does the work. `include/hccn.h` is generated from this
+//! crate by cbindgen (see `tests/header.rs`).
+
+#![allow(clippy::missing_safety_doc)] // The safety contract of every function is API.md.
+
+mod collectives;
+mod comm;
+mod error;
+mod ffi;
+mod stream;
+pub mod types;
+
+use std::ffi::c_char;
+
+pub use collectives::*;
+pub use comm::*;
+pub use stream::*;
+pub use types::*;
+
+use hccn_runtime::{Config, Result};
+
+/// Reads the configuration once per call site and starts logging (HCCN_LOG) on first use.
+pub(crate) fn config() -> Result<Config> {
+    let cfg = Config::from_env()?;
+    static LOGGING: std::sync::Once = std::sync::Once::new();
+    LOGGING.call_once(|| {
+        let filter = tracing_subscriber::EnvFilter::try_new(&cfg.log)
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    });
+    Ok(cfg)
+}
+
+/// A static description of `code`; never NULL.
+#[no_mangle]
+pub extern "C" fn hccn_get_error_string(code: hccn_result) -> *const c_char {
+    error::describe(code).as_ptr()
+}
+
+/// This thread's message for its last failing call; never NULL, "" when none.
+#[no_mangle]
+pub extern "C" fn hccn_get_last_error() -> *const c_char {
+    error::last_ptr()
+}
+
+/// MAJOR*10000 + MINOR*100 + PATCH.
+#[no_mangle]
+pub unsafe extern "C" fn hccn_get_version(version: *mut i32) -> hccn_result {
+    ffi::guard(|| {
+        let out = ffi::out_ptr(version, "version")?;
+        ffi::write(out, hccn_runtime::version());
+        ffi::ok()
+    })
+}

@@ -1,0 +1,316 @@
+//! The one validating entry path (NCCL's `ncclEnqueueCheck`): every operation is checked here
+//! against the communicator's state and its own rules before anything is enqueued, and leaves
+//! as a [`Work`] in bytes. Nothing is touched when a check fails.
+
+use super::{Block, Op, Ptr, Work};
+use crate::error::{Error, Result};
+use crate::types::DataType;
+
+/// What validation needs to know of the communicator.
+pub(crate) struct Shape {
+    pub rank: u32,
+    pub size: u32,
+}
+
+fn need(p: Ptr, bytes: usize, name: &str, op: &str) -> Result<()> {
+    if bytes > 0 && p.is_null() {
+        return Err(Error::null(format!("{op}: {name} is NULL but {bytes} bytes are to be accessed")));
+    }
+    Ok(())
+}
+
+fn rank_arg(value: u32, what: &str, op: &str, size: u32) -> Result<()> {
+    if value >= size {
+        return Err(Error::invalid(format!("{op}: {what} {value} is out of range for a communicator of {size} ranks")));
+    }
+    Ok(())
+}
+
+fn times(bytes: usize, n: u32, op: &str) -> Result<usize> {
+    bytes
+        .checked_mul(n as usize)
+        .filter(|b| *b <= isize::MAX as usize)
+        .ok_or_else(|| Error::invalid(format!("{op}: {bytes} bytes times {n} ranks overflows the address space")))
+}
+
+/// `[p, p+len)` as addresses, or an error when it wraps.
+fn range(p: Ptr, len: usize, name: &str, op: &str) -> Result<Block> {
+    let start = p.addr();
+    let end = start
+        .checked_add(len)
+        .ok_or_else(|| Error::invalid(format!("{op}: {name} + {len} bytes wraps around memory")))?;
+    Ok(start..end)
+}
+
+fn overlap(a: &Block, b: &Block) -> bool {
+    !a.is_empty() && !b.is_empty() && a.start < b.end && b.start < a.end
+}
+
+/// Refuses overlapping `a` and `b` unless `a` starts exactly at `allowed` (the in-place form).
+fn disjoint_or_in_place(a: &Block, b: &Block, allowed: Option<usize>, what: &str, op: &str) -> Result<()> {
+    if overlap(a, b) && allowed != Some(a.start) {
+        return Err(Error::invalid(format!(
+            "{op}: {what} overlap in a way this operation does not allow{}",
+            if allowed.is_some() { " (only the exact in-place position is allowed)" } else { " (no in-place form)" }
+        )));
+    }
+    Ok(())
+}
+
+/// Byte blocks for per-rank `counts` at element `displs`, checked for overflow and mutual overlap.
+fn blocks(counts: &[u64], displs: &[u64], dt: DataType, size: u32, name: &str, op: &str) -> Result<Vec<Block>> {
+    if counts.len() != size as usize || displs.len() != size as usize {
+        return Err(Error::invalid(format!("{op}: {name} counts/displacements must have {size} entries")));
+    }
+    let es = dt.size() as u64;
+    let mut out = Vec::with_capacity(size as usize);
+    for (i, (&c, &d)) in counts.iter().zip(displs).enumerate() {
+        let start = d.checked_mul(es);
+        let end = d.checked_add(c).and_then(|e| e.checked_mul(es));
+        match (start, end) {
+            (Some(s), Some(e)) if e <= isize::MAX as u64 => out.push(s as usize..e as usize),
+            _ => {
+                return Err(Error::invalid(format!(
+                    "{op}: {name} block {i} (count {c} at {d}) overflows the address space"
+                )))
+            }
+        }
+    }
+    let mut sorted: Vec<&Block> = out.iter().filter(|b| !b.is_empty()).collect();
+    sorted.sort_by_key(|b| b.start);
+    if sorted.windows(2).any(|w| w[0].end > w[1].start) {
+        return Err(Error::invalid(format!("{op}: {name} blocks overlap each other")));
+    }
+    Ok(out)
+}
+
+fn uniform(bytes: usize, size: u32) -> Vec<Block> {
+    (0..size as usize).map(|i| i * bytes..(i + 1) * bytes).collect()
+}
+
+fn span(b: &[Block]) -> usize {
+    b.iter().map(|b| b.end).max().unwrap_or(0)
+}
+
+/// Checks `op` for a communicator of `shape`; `p2p_seq` yields the next point-to-point sequence
+/// number toward (send) or from (recv) a peer, consumed only when the op is valid.
+pub(crate) fn validate(op: &Op, shape: &Shape, p2p_seq: &mut dyn FnMut(bool, u32) -> u64) -> Result<Work> {
+    let Shape { rank, size } = *shape;
+    let name = op.name();
+    let work = match op {
+        Op::AllReduce { send, recv, count, dt, op } => {
+            let bytes = dt.bytes(*count)?;
+            need(*send, bytes, "sendbuf", name)?;
+            need(*recv, bytes, "recvbuf", name)?;
+            let (s, r) = (range(*send, bytes, "sendbuf", name)?, range(*recv, bytes, "recvbuf", name)?);
+            disjoint_or_in_place(&s, &r, Some(r.start), "sendbuf and recvbuf", name)?;
+            Work::Reduce { send: *send, recv: *recv, bytes, dt: *dt, op: *op, root: None }
+        }
+        Op::Reduce { send, recv, count, dt, op, root } => {
+            rank_arg(*root, "root", name, size)?;
+            let bytes = dt.bytes(*count)?;
+            need(*send, bytes, "sendbuf", name)?;
+            if rank == *root {
+                need(*recv, bytes, "recvbuf (on the root)", name)?;
+                let (s, r) = (range(*send, bytes, "sendbuf", name)?, range(*recv, bytes, "recvbuf", name)?);
+                disjoint_or_in_place(&s, &r, Some(r.start), "sendbuf and recvbuf", name)?;
+            }
+            Work::Reduce { send: *send, recv: *recv, bytes, dt: *dt, op: *op, root: Some(*root) }
+        }
+        Op::Broadcast { buf, count, dt, root } => {
+            rank_arg(*root, "root", name, size)?;
+            let bytes = dt.bytes(*count)?;
+            need(*buf, bytes, "buf", name)?;
+            Work::Broadcast { buf: *buf, bytes, root: *root }
+        }
+        Op::AllGather { send, recv, send_count, dt } => {
+            let bytes = dt.bytes(*send_count)?;
+            let total = times(bytes, size, name)?;
+            need(*send, bytes, "sendbuf", name)?;
+            need(*recv, total, "recvbuf", name)?;
+            let (s, r) = (range(*send, bytes, "sendbuf", name)?, range(*recv, total, "recvbuf", name)?);
+            disjoint_or_in_place(&s, &r, Some(r.start + rank as usize * bytes), "sendbuf and recvbuf", name)?;
+            Work::Gather { send: *send, send_bytes: bytes, recv: *recv, blocks: uniform(bytes, size), root: None }
+        }
+        Op::AllGatherV { send, send_count, recv, recv_counts, displs, dt } => {
+            let blocks = blocks(recv_counts, displs, *dt, size, "recv", name)?;
+            let bytes = dt.bytes(*send_count)?;
+            if recv_counts[rank as usize] != *send_count {
+                return Err(Error::invalid(format!(
+                    "{name}: sendcount {send_count} differs from recvcounts[{rank}] = {}",
+                    recv_counts[rank as usize]
+                )));
+            }
+            need(*send, bytes, "sendbuf", name)?;
+            need(*recv, span(&blocks), "recvbuf", name)?;
+            let (s, r) = (range(*send, bytes, "sendbuf", name)?, range(*recv, span(&blocks), "recvbuf", name)?);
+            disjoint_or_in_place(&s, &r, Some(r.start + blocks[rank as usize].start), "sendbuf and recvbuf", name)?;
+            Work::Gather { send: *send, send_bytes: bytes, recv: *recv, blocks, root: None }
+        }
+        Op::ReduceScatter { send, recv, recv_count, dt, op } => {
+            let bytes = dt.bytes(*recv_count)?;
+            let total = times(bytes, size, name)?;
+            need(*send, total, "sendbuf", name)?;
+            need(*recv, bytes, "recvbuf", name)?;
+            let (s, r) = (range(*send, total, "sendbuf", name)?, range(*recv, bytes, "recvbuf", name)?);
+            disjoint_or_in_place(&r, &s, Some(s.start + rank as usize * bytes), "recvbuf and sendbuf", name)?;
+            Work::ReduceScatter { send: *send, recv: *recv, block_bytes: bytes, dt: *dt, op: *op }
+        }
+        Op::Gather { send, recv, send_count, dt, root } => {
+            rank_arg(*root, "root", name, size)?;
+            let bytes = dt.bytes(*send_count)?;
+            let total = times(bytes, size, name)?;
+            need(*send, bytes, "sendbuf", name)?;
+            if rank == *root {
+                need(*recv, total, "recvbuf (on the root)", name)?;
+                let (s, r) = (range(*send, bytes, "sendbuf", name)?, range(*recv, total, "recvbuf", name)?);
+                disjoint_or_in_place(&s, &r, Some(r.start + rank as usize * bytes), "sendbuf and recvbuf", name)?;
+            }
+            Work::Gather {
+                send: *send,
+                send_bytes: bytes,
+                recv: *recv,
+                blocks: uniform(bytes, size),
+                root: Some(*root),
+            }
+        }
+        Op::Scatter { send, recv, recv_count, dt, root } => {
+            rank_arg(*root, "root", name, size)?;
+            let bytes = dt.bytes(*recv_count)?;
+            let total = times(bytes, size, name)?;
+            need(*recv, bytes, "recvbuf", name)?;
+            if rank == *root {
+                need(*send, total, "sendbuf (on the root)", name)?;
+                let (s, r) = (range(*send, total, "sendbuf", name)?, range(*recv, bytes, "recvbuf", name)?);
+                disjoint_or_in_place(&r, &s, Some(s.start + rank as usize * bytes), "recvbuf and sendbuf", name)?;
+            }
+            Work::Scatter { send: *send, blocks: uniform(bytes, size), recv: *recv, recv_bytes: bytes, root: *root }
+        }
+        Op::AllToAll { send, recv, count_per_rank, dt } => {
+            let bytes = dt.bytes(*count_per_rank)?;
+            let total = times(bytes, size, name)?;
+            need(*send, total, "sendbuf", name)?;
+            need(*recv, total, "recvbuf", name)?;
+            let (s, r) = (range(*send, total, "sendbuf", name)?, range(*recv, total, "recvbuf", name)?);
+            disjoint_or_in_place(&s, &r, None, "sendbuf and recvbuf", name)?;
+            let b = uniform(bytes, size);
+            Work::AllToAll { send: *send, send_blocks: b.clone(), recv: *recv, recv_blocks: b }
+        }
+        Op::AllToAllV { send, send_counts, send_displs, recv, recv_counts, recv_displs, dt } => {
+            let sb = blocks(send_counts, send_displs, *dt, size, "send", name)?;
+            let rb = blocks(recv_counts, recv_displs, *dt, size, "recv", name)?;
+            need(*send, span(&sb), "sendbuf", name)?;
+            need(*recv, span(&rb), "recvbuf", name)?;
+            let (s, r) = (range(*send, span(&sb), "sendbuf", name)?, range(*recv, span(&rb), "recvbuf", name)?);
+            disjoint_or_in_place(&s, &r, None, "sendbuf and recvbuf", name)?;
+            Work::AllToAll { send: *send, send_blocks: sb, recv: *recv, recv_blocks: rb }
+        }
+        Op::Send { buf, count, dt, peer } | Op::Recv { buf, count, dt, peer } => {
+            rank_arg(*peer, "peer", name, size)?;
+            let bytes = dt.bytes(*count)?;
+            need(*buf, bytes, "buf", name)?;
+            if bytes == 0 {
+                return Ok(Work::Nothing);
+            }
+            let is_send = matches!(op, Op::Send { .. });
+            let seq = p2p_seq(is_send, *peer);
+            if is_send {
+                Work::Send { buf: *buf, bytes, peer: *peer, seq }
+            } else {
+                Work::Recv { buf: *buf, bytes, peer: *peer, seq }
+            }
+        }
+        Op::Barrier => Work::Barrier,
+    };
+    Ok(if moves_nothing(&work) { Work::Nothing } else { work })
+}
+
+/// True when every rank would move zero bytes (count 0), so no message is needed.
+fn moves_nothing(w: &Work) -> bool {
+    match w {
+        Work::Reduce { bytes, .. } | Work::Broadcast { bytes, .. } => *bytes == 0,
+        Work::ReduceScatter { block_bytes, .. } => *block_bytes == 0,
+        Work::Gather { blocks, .. } | Work::Scatter { blocks, .. } => blocks.iter().all(|b| b.is_empty()),
+        Work::AllToAll { send_blocks, recv_blocks, .. } => {
+            send_blocks.iter().all(|b| b.is_empty()) && recv_blocks.iter().all(|b| b.is_empty())
+        }
+        Work::Send { .. } | Work::Recv { .. } | Work::Barrier | Work::Nothing => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+    use crate::types::ReduceOp;
+
+    fn p(addr: usize) -> Ptr {
+        Ptr(addr as *mut u8)
+    }
+
+    fn check(op: Op, rank: u32, size: u32) -> std::result::Result<Work, ErrorKind> {
+        validate(&op, &Shape { rank, size }, &mut |_, _| 0).map_err(|e| e.kind())
+    }
+
+    #[test]
+    fn table_of_refusals() {
+        use ErrorKind::*;
+        let dt = DataType::Fp32;
+        let cases: Vec<(Op, u32, ErrorKind)> = vec![
+            (Op::AllReduce { send: Ptr::null(), recv: p(4096), count: 4, dt, op: ReduceOp::Sum }, 0, NullPointer),
+            (Op::AllReduce { send: p(4096), recv: p(4100), count: 4, dt, op: ReduceOp::Sum }, 0, InvalidArgument),
+            (
+                Op::AllReduce { send: p(4096), recv: p(8192), count: u64::MAX / 2, dt, op: ReduceOp::Sum },
+                0,
+                InvalidArgument,
+            ),
+            (Op::Broadcast { buf: p(4096), count: 1, dt, root: 4 }, 0, InvalidArgument),
+            (Op::Reduce { send: p(4096), recv: Ptr::null(), count: 1, dt, op: ReduceOp::Max, root: 0 }, 0, NullPointer),
+            (Op::AllGather { send: p(4100), recv: p(4096), send_count: 1, dt }, 0, InvalidArgument),
+            (Op::AllToAll { send: p(4096), recv: p(4096), count_per_rank: 1, dt }, 0, InvalidArgument),
+            (Op::Send { buf: p(4096), count: 1, dt, peer: 9 }, 0, InvalidArgument),
+            (
+                Op::AllGatherV {
+                    send: p(4096),
+                    send_count: 2,
+                    recv: p(8192),
+                    recv_counts: vec![1; 4],
+                    displs: vec![0, 1, 2, 3],
+                    dt,
+                },
+                0,
+                InvalidArgument,
+            ),
+            (
+                Op::AllGatherV {
+                    send: p(4096),
+                    send_count: 2,
+                    recv: p(8192),
+                    recv_counts: vec![2; 4],
+                    displs: vec![0, 1, 4, 6],
+                    dt,
+                },
+                0,
+                InvalidArgument,
+            ),
+        ];
+        for (i, (op, rank, want)) in cases.into_iter().enumerate() {
+            assert_eq!(check(op.clone(), rank, 4).err(), Some(want), "case {i}: {op:?}");
+        }
+    }
+
+    #[test]
+    fn in_place_forms_and_count_zero_are_accepted() {
+        let dt = DataType::Int32;
+        assert!(check(Op::AllReduce { send: p(4096), recv: p(4096), count: 8, dt, op: ReduceOp::Sum }, 0, 4).is_ok());
+        assert!(check(Op::AllGather { send: p(4096 + 2 * 8), recv: p(4096), send_count: 2, dt }, 1, 4).is_ok());
+        assert!(check(
+            Op::ReduceScatter { send: p(4096), recv: p(4096 + 3 * 8), recv_count: 2, dt, op: ReduceOp::Sum },
+            3,
+            4
+        )
+        .is_ok());
+        let w = check(Op::AllReduce { send: Ptr::null(), recv: Ptr::null(), count: 0, dt, op: ReduceOp::Sum }, 0, 4);
+        assert!(matches!(w, Ok(Work::Nothing)));
+    }
+}

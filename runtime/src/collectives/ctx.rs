@@ -1,0 +1,124 @@
+//! What an algorithm sees while it runs: its rank and size, and matched, checked sends and
+//! receives to communicator ranks. Every receive is bounded by the communicator's timeout and
+//! ends early when the communicator fails, is aborted or revoked.
+
+use std::ops::Range;
+
+use crate::comm::CommInner;
+use crate::error::{Error, ErrorKind, Result};
+use crate::reduce;
+use crate::transport::Key;
+use crate::types::{DataType, ReduceOp};
+use crate::wire::{FrameHeader, FrameKind};
+
+pub(crate) struct Ctx<'a> {
+    comm: &'a CommInner,
+    kind: FrameKind,
+    seq: u64,
+}
+
+impl<'a> Ctx<'a> {
+    pub fn new(comm: &'a CommInner, kind: FrameKind, seq: u64) -> Self {
+        Ctx { comm, kind, seq }
+    }
+
+    pub fn rank(&self) -> u32 {
+        self.comm.rank
+    }
+
+    pub fn size(&self) -> u32 {
+        self.comm.members.len() as u32
+    }
+
+    /// Pipeline chunk in bytes.
+    pub fn chunk(&self) -> usize {
+        self.comm.chunk_bytes
+    }
+
+    /// Splits `len` bytes into pipeline chunks (none for 0).
+    pub fn chunks(&self, len: usize) -> impl Iterator<Item = Range<usize>> {
+        let c = self.chunk();
+        (0..len.div_ceil(c)).map(move |i| i * c..((i + 1) * c).min(len))
+    }
+
+    /// Number of pipeline chunks of `len` bytes.
+    pub fn nchunks(&self, len: usize) -> usize {
+        len.div_ceil(self.chunk())
+    }
+
+    pub fn chunk_range(&self, len: usize, i: usize) -> Range<usize> {
+        let c = self.chunk();
+        i * c..((i + 1) * c).min(len)
+    }
+
+    fn world(&self, rank: u32) -> Result<u32> {
+        self.comm
+            .members
+            .get(rank as usize)
+            .copied()
+            .ok_or_else(|| Error::internal(format!("rank {rank} outside a communicator of {}", self.size())))
+    }
+
+    pub fn send(&self, to: u32, tag: u32, data: &[u8]) -> Result<()> {
+        let hdr = FrameHeader {
+            kind: self.kind,
+            comm_id: self.comm.id,
+            epoch: self.comm.epoch,
+            seq: self.seq,
+            tag,
+            len: data.len() as u64,
+        };
+        let dst = self.world(to)?;
+        self.comm.net.send(dst, &hdr, data).map_err(|e| self.comm.translate(e))
+    }
+
+    /// Receives the next frame from `from`, which must carry `tag` and exactly `len` bytes.
+    pub fn recv(&self, from: u32, tag: u32, len: usize) -> Result<Vec<u8>> {
+        let src = self.world(from)?;
+        let key = Key { src, kind: self.kind, comm_id: self.comm.id, seq: self.seq };
+        let frame = self
+            .comm
+            .net
+            .inbox
+            .take(key, self.comm.timeout, &|failed| self.comm.status(failed))
+            .map_err(|e| self.comm.translate(e))?;
+        let h = frame.hdr;
+        if h.epoch != self.comm.epoch {
+            let e = Error::new(
+                ErrorKind::StaleEpoch,
+                format!("rank {from} sent epoch {}, this communicator is at epoch {}", h.epoch, self.comm.epoch),
+            );
+            self.comm.net.refuse(src, e.message());
+            return Err(e);
+        }
+        if h.tag != tag || h.len != len as u64 {
+            let e = Error::new(
+                ErrorKind::Transfer,
+                format!("rank {from} sent tag {} with {} bytes where tag {tag} with {len} bytes was expected; connection closed", h.tag, h.len),
+            );
+            self.comm.net.refuse(src, e.message());
+            return Err(e);
+        }
+        Ok(frame.payload)
+    }
+
+    pub fn recv_into(&self, from: u32, tag: u32, dst: &mut [u8]) -> Result<()> {
+        let data = self.recv(from, tag, dst.len())?;
+        dst.copy_from_slice(&data);
+        Ok(())
+    }
+
+    pub fn recv_reduce(&self, from: u32, tag: u32, dst: &mut [u8], dt: DataType, op: ReduceOp) -> Result<()> {
+        let data = self.recv(from, tag, dst.len())?;
+        reduce::reduce_into(dst, &data, dt, op);
+        Ok(())
+    }
+
+    pub fn send_chunked(&self, to: u32, tag: u32, data: &[u8]) -> Result<()> {
+        self.chunks(data.len()).try_for_each(|r| self.send(to, tag, &data[r]))
+    }
+
+    pub fn recv_chunked_into(&self, from: u32, tag: u32, dst: &mut [u8]) -> Result<()> {
+        self.chunks(dst.len()).try_for_each(|r| self.recv_into(from, tag, &mut dst[r]))
+    }
+}

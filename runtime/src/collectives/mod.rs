@@ -1,0 +1,406 @@
+//! Collective operations. [`Op`] is what a caller asks for (counts in elements, raw buffers);
+//! [`check::validate`] turns it into a [`Work`] (byte ranges, every argument checked) on the one
+//! entry path; [`select::select`] picks an [`Algorithm`]; [`execute`] runs it through a [`Ctx`].
+
+pub(crate) mod check;
+mod ctx;
+mod dissemination;
+mod linear;
+mod p2p;
+mod pairwise;
+mod ring;
+pub(crate) mod select;
+mod tree;
+
+use std::ops::Range;
+
+pub(crate) use ctx::Ctx;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::reduce;
+use crate::types::{DataType, ReduceOp};
+
+/// A caller's buffer address. Whoever builds an [`Op`] from one promises, through the `unsafe`
+/// of [`Communicator::submit`](crate::Communicator::submit), that it stays valid until the
+/// operation completes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ptr(pub *mut u8);
+
+// SAFETY: a Ptr is an address handed over by the caller together with the promise above; the
+// runtime only dereferences it while executing the operation it belongs to.
+unsafe impl Send for Ptr {}
+// SAFETY: as above; shared references never dereference it concurrently with a writer.
+unsafe impl Sync for Ptr {}
+
+impl Ptr {
+    pub fn null() -> Ptr {
+        Ptr(std::ptr::null_mut())
+    }
+    pub fn from_const<T>(p: *const T) -> Ptr {
+        Ptr(p as *mut u8)
+    }
+    pub fn from_mut<T>(p: *mut T) -> Ptr {
+        Ptr(p.cast())
+    }
+    pub fn is_null(self) -> bool {
+        self.0.is_null()
+    }
+    fn addr(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// What a caller asks for, with the API's argument names. Counts are elements.
+#[derive(Debug, Clone)]
+pub enum Op {
+    AllReduce {
+        send: Ptr,
+        recv: Ptr,
+        count: u64,
+        dt: DataType,
+        op: ReduceOp,
+    },
+    Broadcast {
+        buf: Ptr,
+        count: u64,
+        dt: DataType,
+        root: u32,
+    },
+    Reduce {
+        send: Ptr,
+        recv: Ptr,
+        count: u64,
+        dt: DataType,
+        op: ReduceOp,
+        root: u32,
+    },
+    AllGather {
+        send: Ptr,
+        recv: Ptr,
+        send_count: u64,
+        dt: DataType,
+    },
+    AllGatherV {
+        send: Ptr,
+        send_count: u64,
+        recv: Ptr,
+        recv_counts: Vec<u64>,
+        displs: Vec<u64>,
+        dt: DataType,
+    },
+    ReduceScatter {
+        send: Ptr,
+        recv: Ptr,
+        recv_count: u64,
+        dt: DataType,
+        op: ReduceOp,
+    },
+    Gather {
+        send: Ptr,
+        recv: Ptr,
+        send_count: u64,
+        dt: DataType,
+        root: u32,
+    },
+    Scatter {
+        send: Ptr,
+        recv: Ptr,
+        recv_count: u64,
+        dt: DataType,
+        root: u32,
+    },
+    AllToAll {
+        send: Ptr,
+        recv: Ptr,
+        count_per_rank: u64,
+        dt: DataType,
+    },
+    AllToAllV {
+        send: Ptr,
+        send_counts: Vec<u64>,
+        send_displs: Vec<u64>,
+        recv: Ptr,
+        recv_counts: Vec<u64>,
+        recv_displs: Vec<u64>,
+        dt: DataType,
+    },
+    Send {
+        buf: Ptr,
+        count: u64,
+        dt: DataType,
+        peer: u32,
+    },
+    Recv {
+        buf: Ptr,
+        count: u64,
+        dt: DataType,
+        peer: u32,
+    },
+    Barrier,
+}
+
+impl Op {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::AllReduce { .. } => "allreduce",
+            Op::Broadcast { .. } => "broadcast",
+            Op::Reduce { .. } => "reduce",
+            Op::AllGather { .. } => "allgather",
+            Op::AllGatherV { .. } => "allgatherv",
+            Op::ReduceScatter { .. } => "reduce_scatter",
+            Op::Gather { .. } => "gather",
+            Op::Scatter { .. } => "scatter",
+            Op::AllToAll { .. } => "alltoall",
+            Op::AllToAllV { .. } => "alltoallv",
+            Op::Send { .. } => "send",
+            Op::Recv { .. } => "recv",
+            Op::Barrier => "barrier",
+        }
+    }
+}
+
+/// A byte range of a caller's buffer.
+pub(crate) type Block = Range<usize>;
+
+/// A checked operation in bytes, ready to run.
+#[derive(Debug, Clone)]
+pub(crate) enum Work {
+    /// Allreduce, or reduce to `root` (`recv` is then used on the root only).
+    Reduce {
+        send: Ptr,
+        recv: Ptr,
+        bytes: usize,
+        dt: DataType,
+        op: ReduceOp,
+        root: Option<u32>,
+    },
+    Broadcast {
+        buf: Ptr,
+        bytes: usize,
+        root: u32,
+    },
+    /// Allgather(v), or gather to `root`: rank i's `send_bytes` land at `blocks[i]` of `recv`.
+    Gather {
+        send: Ptr,
+        send_bytes: usize,
+        recv: Ptr,
+        blocks: Vec<Block>,
+        root: Option<u32>,
+    },
+    ReduceScatter {
+        send: Ptr,
+        recv: Ptr,
+        block_bytes: usize,
+        dt: DataType,
+        op: ReduceOp,
+    },
+    Scatter {
+        send: Ptr,
+        blocks: Vec<Block>,
+        recv: Ptr,
+        recv_bytes: usize,
+        root: u32,
+    },
+    AllToAll {
+        send: Ptr,
+        send_blocks: Vec<Block>,
+        recv: Ptr,
+        recv_blocks: Vec<Block>,
+    },
+    Send {
+        buf: Ptr,
+        bytes: usize,
+        peer: u32,
+        seq: u64,
+    },
+    Recv {
+        buf: Ptr,
+        bytes: usize,
+        peer: u32,
+        seq: u64,
+    },
+    Barrier,
+    /// Nothing to move (count 0).
+    Nothing,
+}
+
+/// The collectives an algorithm may implement. Each defaults to "not this algorithm's".
+pub(crate) trait Algorithm: Sync {
+    fn name(&self) -> &'static str;
+
+    fn reduce(&self, _ctx: &Ctx<'_>, _w: &mut ReduceArgs<'_>) -> Result<()> {
+        Err(unsupported(self.name(), "reduce"))
+    }
+    fn broadcast(&self, _ctx: &Ctx<'_>, _buf: &mut [u8], _root: u32) -> Result<()> {
+        Err(unsupported(self.name(), "broadcast"))
+    }
+    fn gather(&self, _ctx: &Ctx<'_>, _w: &mut GatherArgs<'_>) -> Result<()> {
+        Err(unsupported(self.name(), "gather"))
+    }
+    fn reduce_scatter(&self, _ctx: &Ctx<'_>, _w: &mut ReduceScatterArgs<'_>) -> Result<()> {
+        Err(unsupported(self.name(), "reduce_scatter"))
+    }
+    fn scatter(&self, _ctx: &Ctx<'_>, _w: &mut ScatterArgs<'_>) -> Result<()> {
+        Err(unsupported(self.name(), "scatter"))
+    }
+    fn all_to_all(&self, _ctx: &Ctx<'_>, _w: &mut AllToAllArgs<'_>) -> Result<()> {
+        Err(unsupported(self.name(), "alltoall"))
+    }
+    fn barrier(&self, _ctx: &Ctx<'_>) -> Result<()> {
+        Err(unsupported(self.name(), "barrier"))
+    }
+}
+
+fn unsupported(algo: &str, op: &str) -> Error {
+    Error::new(ErrorKind::Internal, format!("algorithm {algo} does not implement {op}"))
+}
+
+/// Reduce or allreduce over `acc`, which already holds this rank's contribution; the result
+/// must end in `acc` on every rank (`root == None`) or on the root.
+pub(crate) struct ReduceArgs<'a> {
+    pub acc: &'a mut [u8],
+    pub dt: DataType,
+    pub op: ReduceOp,
+    pub root: Option<u32>,
+}
+
+/// Allgather(v) or gather into `recv` (whose own block is already filled); `recv` is empty on
+/// non-roots of a gather, which send `own` instead.
+pub(crate) struct GatherArgs<'a> {
+    pub own: &'a [u8],
+    pub recv: &'a mut [u8],
+    pub blocks: &'a [Block],
+    pub root: Option<u32>,
+}
+
+/// Reduce-scatter: `input` holds every rank's block of `block_bytes`; the reduced own block goes
+/// to `out`.
+pub(crate) struct ReduceScatterArgs<'a> {
+    pub input: &'a [u8],
+    pub out: &'a mut [u8],
+    pub block_bytes: usize,
+    pub dt: DataType,
+    pub op: ReduceOp,
+}
+
+pub(crate) struct ScatterArgs<'a> {
+    pub send: &'a [u8],
+    pub blocks: &'a [Block],
+    pub recv: &'a mut [u8],
+    pub root: u32,
+}
+
+pub(crate) struct AllToAllArgs<'a> {
+    pub send: &'a [u8],
+    pub send_blocks: &'a [Block],
+    pub recv: &'a mut [u8],
+    pub recv_blocks: &'a [Block],
+}
+
+/// Bytes `[0, len)` at `p` as a shared slice (empty for len 0, whatever `p`).
+///
+/// # Safety
+/// `p` must be valid for reads of `len` bytes for `'a`, with no writer through another alias.
+unsafe fn view<'a>(p: Ptr, len: usize) -> &'a [u8] {
+    if len == 0 {
+        return &[];
+    }
+    // SAFETY: guaranteed by the caller.
+    unsafe { std::slice::from_raw_parts(p.0, len) }
+}
+
+/// # Safety
+/// `p` must be valid for reads and writes of `len` bytes for `'a`, and not otherwise aliased.
+unsafe fn view_mut<'a>(p: Ptr, len: usize) -> &'a mut [u8] {
+    if len == 0 {
+        return &mut [];
+    }
+    // SAFETY: guaranteed by the caller.
+    unsafe { std::slice::from_raw_parts_mut(p.0, len) }
+}
+
+/// Copies `len` bytes from `src` to `dst`, which may overlap (memmove), or nothing if equal.
+///
+/// # Safety
+/// Both must be valid for `len` bytes.
+unsafe fn copy(src: Ptr, dst: Ptr, len: usize) {
+    if len > 0 && src != dst {
+        // SAFETY: guaranteed by the caller; `copy` tolerates overlap.
+        unsafe { std::ptr::copy(src.0, dst.0, len) }
+    }
+}
+
+fn span(blocks: &[Block]) -> usize {
+    blocks.iter().map(|b| b.end).max().unwrap_or(0)
+}
+
+/// Runs a checked operation on this thread.
+///
+/// # Safety
+/// Every pointer in `work` must be valid as described by the `Op` it came from, until return.
+pub(crate) unsafe fn execute(ctx: &Ctx<'_>, work: &Work) -> Result<()> {
+    let n = ctx.size();
+    let me = ctx.rank();
+    let algo = select::select(work, ctx);
+    // SAFETY (all blocks below): the caller guarantees the buffers; validation guaranteed that
+    // the send and receive ranges we slice simultaneously do not overlap, and in-place forms are
+    // handled by copying first and then using a single mutable view.
+    match work {
+        Work::Nothing => Ok(()),
+        Work::Reduce { send, recv, bytes, dt, op, root } => {
+            let owns_result = root.is_none_or(|r| r == me);
+            let mut scratch = Vec::new();
+            let acc: &mut [u8] = if owns_result {
+                unsafe { copy(*send, *recv, *bytes) };
+                unsafe { view_mut(*recv, *bytes) }
+            } else {
+                scratch.extend_from_slice(unsafe { view(*send, *bytes) });
+                &mut scratch
+            };
+            let mut args = ReduceArgs { acc, dt: *dt, op: *op, root: *root };
+            algo.reduce(ctx, &mut args)?;
+            if *op == ReduceOp::Avg && owns_result {
+                reduce::finish_avg(args.acc, *dt, n);
+            }
+            Ok(())
+        }
+        Work::Broadcast { buf, bytes, root } => algo.broadcast(ctx, unsafe { view_mut(*buf, *bytes) }, *root),
+        Work::Gather { send, send_bytes, recv, blocks, root } => {
+            let owns_result = root.is_none_or(|r| r == me);
+            let (own, recv): (&[u8], &mut [u8]) = if owns_result {
+                let own_block = &blocks[me as usize];
+                unsafe { copy(*send, Ptr(recv.0.wrapping_add(own_block.start)), *send_bytes) };
+                let recv = unsafe { view_mut(*recv, span(blocks)) };
+                (&[], recv)
+            } else {
+                (unsafe { view(*send, *send_bytes) }, &mut [])
+            };
+            algo.gather(ctx, &mut GatherArgs { own, recv, blocks, root: *root })
+        }
+        Work::ReduceScatter { send, recv, block_bytes, dt, op } => {
+            // The input may contain the output (in place), so it is read from a private copy.
+            let input = unsafe { view(*send, block_bytes * n as usize) }.to_vec();
+            let out = unsafe { view_mut(*recv, *block_bytes) };
+            let mut args = ReduceScatterArgs { input: &input, out, block_bytes: *block_bytes, dt: *dt, op: *op };
+            algo.reduce_scatter(ctx, &mut args)?;
+            if *op == ReduceOp::Avg {
+                reduce::finish_avg(args.out, *dt, n);
+            }
+            Ok(())
+        }
+        Work::Scatter { send, blocks, recv, recv_bytes, root } => {
+            let is_root = *root == me;
+            let send = if is_root { unsafe { view(*send, span(blocks)) } } else { &[] };
+            let recv = unsafe { view_mut(*recv, *recv_bytes) };
+            algo.scatter(ctx, &mut ScatterArgs { send, blocks, recv, root: *root })
+        }
+        Work::AllToAll { send, send_blocks, recv, recv_blocks } => {
+            let send = unsafe { view(*send, span(send_blocks)) };
+            let recv = unsafe { view_mut(*recv, span(recv_blocks)) };
+            algo.all_to_all(ctx, &mut AllToAllArgs { send, send_blocks, recv, recv_blocks })
+        }
+        Work::Send { buf, bytes, peer, .. } => p2p::send(ctx, unsafe { view(*buf, *bytes) }, *peer),
+        Work::Recv { buf, bytes, peer, .. } => p2p::recv(ctx, unsafe { view_mut(*buf, *bytes) }, *peer),
+        Work::Barrier => algo.barrier(ctx),
+    }
+}

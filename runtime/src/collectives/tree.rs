@@ -1,0 +1,83 @@
+//! Binomial tree rooted anywhere, for broadcast and reduce. Ranks are renumbered relative to
+//! the root; a rank's parent clears its lowest set bit. Chunks flow down (broadcast) or up
+//! (reduce) the tree one after another, so depth costs latency once, not per chunk.
+//! Bytes on the wire: each non-root receives (broadcast) or sends (reduce) the buffer once.
+
+use super::{Algorithm, Ctx, ReduceArgs};
+use crate::error::Result;
+
+pub(crate) struct BinomialTree;
+
+/// Parent and children (in communicator ranks) of `rank` in the tree rooted at `root`.
+fn family(rank: u32, root: u32, n: u32) -> (Option<u32>, Vec<u32>) {
+    let vr = (rank + n - root) % n;
+    let real = |v: u32| (v + root) % n;
+    let parent = (vr != 0).then(|| real(vr & (vr - 1)));
+    let low = if vr == 0 { n.next_power_of_two() } else { vr & vr.wrapping_neg() };
+    let mut children = Vec::new();
+    let mut mask = 1;
+    while mask < low && vr + mask < n {
+        children.push(real(vr + mask));
+        mask <<= 1;
+    }
+    (parent, children)
+}
+
+impl Algorithm for BinomialTree {
+    fn name(&self) -> &'static str {
+        "tree"
+    }
+
+    fn broadcast(&self, ctx: &Ctx<'_>, buf: &mut [u8], root: u32) -> Result<()> {
+        let (parent, children) = family(ctx.rank(), root, ctx.size());
+        for r in ctx.chunks(buf.len()) {
+            if let Some(p) = parent {
+                ctx.recv_into(p, 0, &mut buf[r.clone()])?;
+            }
+            // Farthest subtree first: it has the most forwarding left to do.
+            for &c in children.iter().rev() {
+                ctx.send(c, 0, &buf[r.clone()])?;
+            }
+        }
+        Ok(())
+    }
+
+    fn reduce(&self, ctx: &Ctx<'_>, w: &mut ReduceArgs<'_>) -> Result<()> {
+        let root = w.root.unwrap_or(0);
+        let (parent, children) = family(ctx.rank(), root, ctx.size());
+        for r in ctx.chunks(w.acc.len()) {
+            for &c in &children {
+                ctx.recv_reduce(c, 0, &mut w.acc[r.clone()], w.dt, w.op)?;
+            }
+            if let Some(p) = parent {
+                ctx.send(p, 0, &w.acc[r.clone()])?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_rank_has_one_parent_and_the_tree_spans_all() {
+        for n in 1..=9u32 {
+            for root in 0..n {
+                let mut seen_as_child = vec![0; n as usize];
+                for r in 0..n {
+                    let (parent, children) = family(r, root, n);
+                    assert_eq!(parent.is_none(), r == root, "n={n} root={root} r={r}");
+                    for c in children {
+                        assert_eq!(family(c, root, n).0, Some(r), "n={n} root={root} child {c} of {r}");
+                        seen_as_child[c as usize] += 1;
+                    }
+                }
+                for r in 0..n {
+                    assert_eq!(seen_as_child[r as usize], u32::from(r != root), "n={n} root={root} r={r}");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! Communicators: a set of ranks over a shared [`Net`], with their own id, sequence numbers
+//! and failure state. Groups and splits are new communicators over the parent's connections.
+
+mod group;
+mod init;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+pub use init::new_unique_id;
+
+use crate::collectives::check::{self, Shape};
+use crate::collectives::{self, Ctx, Op, Work};
+use crate::error::{Error, ErrorKind, Result};
+use crate::stream::Stream;
+use crate::transport::Net;
+use crate::wire::FrameKind;
+
+pub(crate) struct CommInner {
+    pub net: Arc<Net>,
+    pub id: u64,
+    pub epoch: u64,
+    pub rank: u32,
+    /// World rank of each communicator rank.
+    pub members: Vec<u32>,
+    pub timeout: Duration,
+    pub chunk_bytes: usize,
+    coll_seq: AtomicU64,
+    /// Next sequence number of messages to (`.0`) and from (`.1`) each peer.
+    p2p_seq: Mutex<(Vec<u64>, Vec<u64>)>,
+    group_seq: Mutex<HashMap<Vec<u32>, u64>>,
+    split_seq: AtomicU64,
+    aborted: AtomicBool,
+    async_error: Mutex<Option<Error>>,
+}
+
+/// A communicator. Clones share it; it lives until the last clone and the last queued
+/// operation are gone.
+#[derive(Clone)]
+pub struct Communicator {
+    inner: Arc<CommInner>,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("id", &format_args!("{:016x}", self.inner.id))
+            .field("rank", &self.inner.rank)
+            .field("size", &self.inner.members.len())
+            .finish()
+    }
+}
+
+/// A stable 64-bit id from labelled parts.
+pub(crate) fn derive_id(parts: &[&[u8]]) -> u64 {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update((p.len() as u64).to_le_bytes());
+        h.update(p);
+    }
+    let d = h.finalize();
+    u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
+}
+
+impl CommInner {
+    fn new(net: Arc<Net>, id: u64, rank: u32, members: Vec<u32>, timeout: Duration, chunk_bytes: usize) -> Self {
+        let n = members.len();
+        CommInner {
+            net,
+            id,
+            epoch: 0,
+            rank,
+            members,
+            timeout,
+            chunk_bytes,
+            coll_seq: AtomicU64::new(0),
+            p2p_seq: Mutex::new((vec![0; n], vec![0; n])),
+            group_seq: Mutex::new(HashMap::new()),
+            split_seq: AtomicU64::new(0),
+            aborted: AtomicBool::new(false),
+            async_error: Mutex::new(None),
+        }
+    }
+
+    /// Failed members, in communicator ranks, from the net's failed world ranks.
+    fn failed_members(&self, failed: &BTreeMap<u32, String>) -> Vec<(u32, String)> {
+        self.members.iter().enumerate().filter_map(|(r, w)| failed.get(w).map(|why| (r as u32, why.clone()))).collect()
+    }
+
+    /// The error every operation gets now, if any (aborted, or a member failed).
+    pub fn status(&self, failed: &BTreeMap<u32, String>) -> Option<Error> {
+        if self.aborted.load(Ordering::SeqCst) {
+            return Some(Error::new(ErrorKind::Aborted, "the communicator was aborted"));
+        }
+        let dead = self.failed_members(failed);
+        if dead.is_empty() {
+            return None;
+        }
+        let ranks: Vec<u32> = dead.iter().map(|(r, _)| *r).collect();
+        let detail: Vec<String> = dead.iter().map(|(r, why)| format!("rank {r}: {why}")).collect();
+        Some(Error::rank_failed(ranks, format!("communicator member failed ({})", detail.join("; "))))
+    }
+
+    fn check_state(&self) -> Result<()> {
+        match self.status(&self.net.inbox.failed()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Rewrites transport errors in this communicator's terms and remembers the first one.
+    pub fn translate(&self, e: Error) -> Error {
+        let e = match e.kind() {
+            ErrorKind::RankFailed => self.status(&self.net.inbox.failed()).unwrap_or(e),
+            _ => e,
+        };
+        let mut slot = self.async_error.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() && e.kind() != ErrorKind::Timeout {
+            *slot = Some(e.clone());
+        }
+        e
+    }
+
+    fn next_p2p(&self, is_send: bool, peer: u32) -> u64 {
+        let mut s = self.p2p_seq.lock().unwrap_or_else(|p| p.into_inner());
+        let v = if is_send { &mut s.0 } else { &mut s.1 };
+        let seq = v[peer as usize];
+        v[peer as usize] += 1;
+        seq
+    }
+}
+
+impl Communicator {
+    fn from_inner(inner: CommInner) -> Self {
+        Communicator { inner: Arc::new(inner) }
+    }
+
+    pub fn rank(&self) -> u32 {
+        self.inner.rank
+    }
+
+    pub fn size(&self) -> u32 {
+        self.inner.members.len() as u32
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.inner.epoch
+    }
+
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// Members whose process died or became unreachable, in this communicator's ranks.
+    pub fn failed_ranks(&self) -> Vec<u32> {
+        self.inner.failed_members(&self.net_failed()).into_iter().map(|(r, _)| r).collect()
+    }
+
+    fn net_failed(&self) -> BTreeMap<u32, String> {
+        self.inner.net.inbox.failed()
+    }
+
+    /// The communicator's error state: a failed member, an abort, or the first error an
+    /// operation met; `Ok` when healthy.
+    pub fn async_error(&self) -> Result<()> {
+        self.inner.check_state()?;
+        match self.inner.async_error.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Fails every pending and later operation on this communicator with `Aborted`; when the
+    /// last communicator over these connections goes, peers see this rank as failed.
+    pub fn abort(&self) {
+        self.inner.aborted.store(true, Ordering::SeqCst);
+        self.inner.net.close_abruptly();
+        self.inner.net.inbox.wake_all();
+    }
+
+    /// Checks `op` on the one validating path, then runs it now (`stream == None`) or queues it
+    /// on `stream` and returns at once.
+    ///
+    /// # Safety
+    /// Every buffer in `op` must be valid for the bytes the operation reads or writes (as in
+    /// API.md) until it completes: until return without a stream, or until the stream has run it.
+    pub unsafe fn submit(&self, op: Op, stream: Option<&Stream>) -> Result<()> {
+        self.inner.check_state()?;
+        let shape = Shape { rank: self.rank(), size: self.size() };
+        let work = check::validate(&op, &shape, &mut |is_send, peer| self.inner.next_p2p(is_send, peer))?;
+        let (kind, seq) = match work {
+            Work::Send { seq, .. } | Work::Recv { seq, .. } => (FrameKind::P2p, seq),
+            Work::Nothing => (FrameKind::Collective, 0),
+            _ => (FrameKind::Collective, self.inner.coll_seq.fetch_add(1, Ordering::SeqCst)),
+        };
+        match stream {
+            // SAFETY: the caller's promise covers the buffers until we return.
+            None => unsafe { collectives::execute(&Ctx::new(&self.inner, kind, seq), &work) },
+            Some(s) => {
+                let inner = self.inner.clone();
+                // SAFETY: the caller's promise covers the buffers until the stream runs the job.
+                s.enqueue(Box::new(move || unsafe { collectives::execute(&Ctx::new(&inner, kind, seq), &work) }))
+            }
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! Every `HCCN_*` environment variable, parsed in one place. [`VARIABLES`] is the table the
+//! README reproduces (a test keeps the two in step).
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::rendezvous::StoreAddr;
+
+/// One documented variable: name, default (as text), meaning.
+#[derive(Debug, Clone, Copy)]
+pub struct Variable {
+    pub name: &'static str,
+    pub default: &'static str,
+    pub meaning: &'static str,
+}
+
+pub const VARIABLES: &[Variable] = &[
+    Variable { name: "HCCN_RANK", default: "(set by hccnrun)", meaning: "This process's rank in the world communicator (`hccn_init_from_env`)." },
+    Variable { name: "HCCN_WORLD_SIZE", default: "(set by hccnrun)", meaning: "Number of ranks in the world communicator." },
+    Variable { name: "HCCN_LOCAL_RANK", default: "`HCCN_RANK`", meaning: "Rank among the processes on this host." },
+    Variable { name: "HCCN_LOCAL_WORLD_SIZE", default: "`HCCN_WORLD_SIZE`", meaning: "Number of ranks on this host." },
+    Variable { name: "HCCN_STORE", default: "(set by hccnrun)", meaning: "Rendezvous store, `tcp://host:port` (the embedded store hosted by hccnrun)." },
+    Variable { name: "HCCN_JOB_ID", default: "`default`", meaning: "Job name; namespaces the job's keys in the store." },
+    Variable { name: "HCCN_JOB_TOKEN", default: "(empty)", meaning: "Shared secret for the HMAC-SHA256 challenge-response on every store and peer connection; hccnrun makes a fresh one per job." },
+    Variable { name: "HCCN_TIMEOUT_MS", default: "`30000`", meaning: "Deadline of every wait (connect, rendezvous, each receive); exceeded waits fail with `HCCN_ERROR_TIMEOUT`. Like `HCCL_EXEC_TIMEOUT`, in ms." },
+    Variable { name: "HCCN_BIND_ADDR", default: "`127.0.0.1`", meaning: "Address that ranks and the embedded store listen on (never all interfaces unless asked)." },
+    Variable { name: "HCCN_CHUNK_BYTES", default: "`524288`", meaning: "Pipeline chunk size of the ring and tree algorithms (4 KiB .. 8 MiB)." },
+    Variable { name: "HCCN_LOG", default: "`warn`", meaning: "Log filter (`error`, `warn`, `info`, `debug`, `trace`, or tracing's `target=level` list); logs go to stderr." },
+];
+
+/// Largest frame payload a peer may send; any larger header closes the connection.
+pub const MAX_CHUNK_BYTES: usize = 8 << 20;
+const MIN_CHUNK_BYTES: usize = 4 << 10;
+
+/// Settings that apply to every communicator created by this process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub timeout: Duration,
+    pub bind_addr: IpAddr,
+    pub chunk_bytes: usize,
+    pub log: String,
+}
+
+/// What `hccn_init_from_env` needs in addition to [`Config`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchEnv {
+    pub rank: u32,
+    pub world_size: u32,
+    pub local_rank: u32,
+    pub local_world_size: u32,
+    pub store: StoreAddr,
+    pub job_id: String,
+    pub job_token: Vec<u8>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            timeout: Duration::from_millis(30_000),
+            bind_addr: IpAddr::from([127, 0, 0, 1]),
+            chunk_bytes: 512 << 10,
+            log: "warn".to_owned(),
+        }
+    }
+}
+
+fn parse<T: std::str::FromStr>(name: &str, value: &str, what: &str) -> Result<T> {
+    value.trim().parse().map_err(|_| Error::invalid(format!("{name}={value:?} is not {what}")))
+}
+
+impl Config {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Self> {
+        Config::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Reads variables through `get` (tests pass a map).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let mut c = Config::default();
+        if let Some(v) = get("HCCN_TIMEOUT_MS") {
+            let ms: u64 = parse("HCCN_TIMEOUT_MS", &v, "a number of milliseconds")?;
+            if ms == 0 {
+                return Err(Error::invalid("HCCN_TIMEOUT_MS must be at least 1"));
+            }
+            c.timeout = Duration::from_millis(ms);
+        }
+        if let Some(v) = get("HCCN_BIND_ADDR") {
+            c.bind_addr = parse("HCCN_BIND_ADDR", &v, "an IP address")?;
+        }
+        if let Some(v) = get("HCCN_CHUNK_BYTES") {
+            let b: usize = parse("HCCN_CHUNK_BYTES", &v, "a byte count")?;
+            if !(MIN_CHUNK_BYTES..=MAX_CHUNK_BYTES).contains(&b) {
+                return Err(Error::invalid(format!(
+                    "HCCN_CHUNK_BYTES={b} is outside {MIN_CHUNK_BYTES}..={MAX_CHUNK_BYTES}"
+                )));
+            }
+            c.chunk_bytes = b;
+        }
+        if let Some(v) = get("HCCN_LOG") {
+            c.log = v;
+        }
+        Ok(c)
+    }
+}
+
+impl LaunchEnv {
+    pub fn from_env() -> Result<Self> {
+        LaunchEnv::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let need = |name: &str| {
+            get(name).ok_or_else(|| Error::invalid(format!("{name} is not set (run under hccnrun, or set it)")))
+        };
+        let rank: u32 = parse("HCCN_RANK", &need("HCCN_RANK")?, "a rank")?;
+        let world_size: u32 = parse("HCCN_WORLD_SIZE", &need("HCCN_WORLD_SIZE")?, "a world size")?;
+        if world_size == 0 || rank >= world_size {
+            return Err(Error::invalid(format!("HCCN_RANK={rank} is not below HCCN_WORLD_SIZE={world_size}")));
+        }
+        let local_rank = match get("HCCN_LOCAL_RANK") {
+            Some(v) => parse("HCCN_LOCAL_RANK", &v, "a rank")?,
+            None => rank,
+        };
+        let local_world_size = match get("HCCN_LOCAL_WORLD_SIZE") {
+            Some(v) => parse("HCCN_LOCAL_WORLD_SIZE", &v, "a size")?,
+            None => world_size,
+        };
+        let store = StoreAddr::parse(&need("HCCN_STORE")?)?;
+        let job_id = get("HCCN_JOB_ID").unwrap_or_else(|| "default".to_owned());
+        let job_token = get("HCCN_JOB_TOKEN").unwrap_or_default().into_bytes();
+        Ok(LaunchEnv { rank, world_size, local_rank, local_world_size, store, job_id, job_token })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn defaults_and_overrides() {
+        assert_eq!(Config::from_lookup(lookup(&[])).ok(), Some(Config::default()));
+        let c = Config::from_lookup(lookup(&[("HCCN_TIMEOUT_MS", "1500"), ("HCCN_CHUNK_BYTES", "65536")]));
+        let c = c.expect("valid config");
+        assert_eq!(c.timeout, Duration::from_millis(1500));
+        assert_eq!(c.chunk_bytes, 65536);
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let e = Config::from_lookup(lookup(&[("HCCN_TIMEOUT_MS", "soon")])).err().map(|e| e.to_string());
+        assert!(e.is_some_and(|m| m.contains("HCCN_TIMEOUT_MS")));
+        assert!(Config::from_lookup(lookup(&[("HCCN_CHUNK_BYTES", "1")])).is_err());
+        let e = LaunchEnv::from_lookup(lookup(&[("HCCN_RANK", "3"), ("HCCN_WORLD_SIZE", "2")]));
+        assert!(e.is_err());
+    }
+
+    #[test]
+    fn launch_env() {
+        let env = LaunchEnv::from_lookup(lookup(&[
+            ("HCCN_RANK", "1"),
+            ("HCCN_WORLD_SIZE", "4"),
+            ("HCCN_STORE", "tcp://127.0.0.1:2000"),
+            ("HCCN_JOB_TOKEN", "secret"),
+        ]))
+        .expect("valid env");
+        assert_eq!((env.rank, env.world_size, env.local_rank), (1, 4, 1));
+        assert_eq!(env.job_token, b"secret");
+        assert_eq!(env.job_id, "default");
+    }
+}

@@ -1,0 +1,30 @@
+//! hccn's engine: communicators over authenticated TCP links, an embedded rendezvous store, the
+//! collective algorithms and host streams. Pure Rust: the C ABI lives in `hccn-capi`.
+
+mod auth;
+pub mod collectives;
+pub mod comm;
+pub mod config;
+pub mod error;
+pub mod reduce;
+pub mod rendezvous;
+pub mod stream;
+mod transport;
+pub mod types;
+pub mod wire;
+
+pub use collectives::{Op, Ptr};
+pub use comm::{new_unique_id, Communicator};
+pub use config::{Config, LaunchEnv};
+pub use error::{Error, ErrorKind, Result};
+pub use rendezvous::{StoreAddr, StoreServer, UniqueId};
+pub use stream::{Event, Stream};
+pub use types::{DataType, ReduceOp};
+
+/// Version as MAJOR*10000 + MINOR*100 + PATCH, from the crate version.
+pub fn version() -> i32 {
+    let part = |s: &str| s.parse::<i32>().unwrap_or(0);
+    part(env!("CARGO_PKG_VERSION_MAJOR")) * 10000
+        + part(env!("CARGO_PKG_VERSION_MINOR")) * 100
+        + part(env!("CARGO_PKG_VERSION_PATCH"))
+}

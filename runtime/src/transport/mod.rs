@@ -1,0 +1,189 @@
+//! Moving frames between ranks. A [`Net`] joins the processes of one world: one [`Link`] per peer
+//! and one [`Inbox`] where every arriving frame waits until the receive that matches it. Groups
+//! and splits share their parent's `Net`; frames carry the communicator id that separates them.
+//!
+//! A peer's connection ending without a goodbye marks it failed, and every wait of a
+//! communicator that contains it returns `RankFailed` at once.
+
+pub(crate) mod tcp;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::wire::{FrameHeader, FrameKind};
+
+/// One direction of traffic to a peer.
+pub(crate) trait Link: Send + Sync {
+    /// Writes one frame; an error means the peer is unreachable.
+    fn send(&self, hdr: &FrameHeader, payload: &[u8]) -> std::io::Result<()>;
+    /// Closes the connection; `graceful` says goodbye first so the peer does not see a failure.
+    fn close(&self, graceful: bool);
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Key {
+    pub src: u32,
+    pub kind: FrameKind,
+    pub comm_id: u64,
+    pub seq: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct Frame {
+    pub hdr: FrameHeader,
+    pub payload: Vec<u8>,
+}
+
+#[derive(Default)]
+struct InboxState {
+    queues: HashMap<Key, VecDeque<Frame>>,
+    /// World ranks whose connection broke, with the reason.
+    failed: BTreeMap<u32, String>,
+    /// World ranks that closed their side on purpose.
+    departed: BTreeSet<u32>,
+}
+
+/// Frames that have arrived but not yet been received, and what is known of peers' health.
+#[derive(Default)]
+pub(crate) struct Inbox {
+    state: Mutex<InboxState>,
+    changed: Condvar,
+}
+
+impl Inbox {
+    fn lock(&self) -> MutexGuard<'_, InboxState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn push(&self, src: u32, frame: Frame) {
+        let key = Key { src, kind: frame.hdr.kind, comm_id: frame.hdr.comm_id, seq: frame.hdr.seq };
+        self.lock().queues.entry(key).or_default().push_back(frame);
+        self.changed.notify_all();
+    }
+
+    pub fn mark_failed(&self, rank: u32, reason: String) {
+        let mut st = self.lock();
+        if !st.departed.contains(&rank) && !st.failed.contains_key(&rank) {
+            tracing::warn!(rank, "peer failed: {reason}");
+            st.failed.insert(rank, reason);
+        }
+        drop(st);
+        self.changed.notify_all();
+    }
+
+    pub fn mark_departed(&self, rank: u32) {
+        self.lock().departed.insert(rank);
+        self.changed.notify_all();
+    }
+
+    /// Wakes every waiter so it re-checks its communicator's state (abort, revoke).
+    pub fn wake_all(&self) {
+        let _guard = self.lock();
+        self.changed.notify_all();
+    }
+
+    pub fn failed(&self) -> BTreeMap<u32, String> {
+        self.lock().failed.clone()
+    }
+
+    /// Waits for the next frame under `key`. Before each sleep `status` may end the wait with the
+    /// communicator's error (aborted, a member failed); the wait never outlasts `timeout`.
+    pub fn take(
+        &self,
+        key: Key,
+        timeout: Duration,
+        status: &dyn Fn(&BTreeMap<u32, String>) -> Option<Error>,
+    ) -> Result<Frame> {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.lock();
+        loop {
+            if let Some(q) = st.queues.get_mut(&key) {
+                if let Some(f) = q.pop_front() {
+                    if q.is_empty() {
+                        st.queues.remove(&key);
+                    }
+                    return Ok(f);
+                }
+            }
+            if let Some(e) = status(&st.failed) {
+                return Err(e);
+            }
+            if st.departed.contains(&key.src) {
+                return Err(Error::new(
+                    ErrorKind::Remote,
+                    format!("world rank {} closed its connection while this rank still expected data", key.src),
+                ));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::timeout(format!(
+                    "no message from world rank {} within {} ms (HCCN_TIMEOUT_MS)",
+                    key.src,
+                    timeout.as_millis()
+                )));
+            }
+            st = self.changed.wait_timeout(st, deadline - now).map(|(g, _)| g).unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
+}
+
+/// The links of one world of processes.
+pub(crate) struct Net {
+    pub rank: u32,
+    links: Vec<Option<Box<dyn Link>>>,
+    pub inbox: Arc<Inbox>,
+    graceful: std::sync::atomic::AtomicBool,
+}
+
+impl Net {
+    pub fn new(rank: u32, links: Vec<Option<Box<dyn Link>>>, inbox: Arc<Inbox>) -> Net {
+        Net { rank, links, inbox, graceful: std::sync::atomic::AtomicBool::new(true) }
+    }
+
+    /// Sends one frame to world rank `dst` (to itself through the inbox).
+    pub fn send(&self, dst: u32, hdr: &FrameHeader, payload: &[u8]) -> Result<()> {
+        if dst == self.rank {
+            self.inbox.push(dst, Frame { hdr: *hdr, payload: payload.to_vec() });
+            return Ok(());
+        }
+        let link = self
+            .links
+            .get(dst as usize)
+            .and_then(|l| l.as_ref())
+            .ok_or_else(|| Error::internal(format!("no link to world rank {dst}")))?;
+        if let Some(reason) = self.inbox.failed().get(&dst) {
+            return Err(Error::rank_failed(vec![dst], format!("world rank {dst} failed earlier: {reason}")));
+        }
+        link.send(hdr, payload).map_err(|e| {
+            if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
+                return Error::timeout(format!("sending to world rank {dst} made no progress (HCCN_TIMEOUT_MS)"));
+            }
+            self.inbox.mark_failed(dst, format!("send failed: {e}"));
+            Error::rank_failed(vec![dst], format!("world rank {dst} is unreachable: {e}"))
+        })
+    }
+
+    /// Closes the connection to world rank `peer` after it sent something this rank refuses.
+    pub fn refuse(&self, peer: u32, reason: &str) {
+        self.inbox.mark_failed(peer, format!("refused: {reason}"));
+        if let Some(Some(link)) = self.links.get(peer as usize) {
+            link.close(false);
+        }
+    }
+
+    /// Makes the coming close look like a failure to peers (used by abort).
+    pub fn close_abruptly(&self) {
+        self.graceful.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        let graceful = self.graceful.load(std::sync::atomic::Ordering::SeqCst);
+        for link in self.links.iter().flatten() {
+            link.close(graceful);
+        }
+    }
+}

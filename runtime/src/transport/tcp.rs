@@ -1,0 +1,249 @@
+//! TCP links: one authenticated socket per pair of ranks, a reader thread per socket that files
+//! frames into the [`Inbox`], and writes with `MSG_NOSIGNAL` so a dead peer is an error, never a
+//! SIGPIPE in the host program.
+
+use std::io::Read;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::{Frame, Inbox, Link, Net};
+use crate::auth::{self, Purpose};
+use crate::config::{Config, MAX_CHUNK_BYTES};
+use crate::error::{Error, ErrorKind, Result};
+use crate::rendezvous::Store;
+use crate::wire::{FrameHeader, FrameKind, HEADER_LEN};
+
+/// Small payloads go out in the same write as their header.
+const COALESCE_BYTES: usize = 64 << 10;
+
+struct TcpLink {
+    peer: u32,
+    writer: Mutex<TcpStream>,
+    closing: Arc<AtomicBool>,
+    reader: Mutex<Option<JoinHandle<()>>>,
+}
+
+fn send_all(sock: &TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        // SAFETY: buf is a valid readable slice for its whole length; the fd is owned by `sock`.
+        let n = unsafe { libc::send(sock.as_raw_fd(), buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        buf = &buf[n as usize..];
+    }
+    Ok(())
+}
+
+impl Link for TcpLink {
+    fn send(&self, hdr: &FrameHeader, payload: &[u8]) -> std::io::Result<()> {
+        let head = hdr.encode();
+        let sock = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        if payload.len() <= COALESCE_BYTES {
+            let mut one = Vec::with_capacity(HEADER_LEN + payload.len());
+            one.extend_from_slice(&head);
+            one.extend_from_slice(payload);
+            send_all(&sock, &one)
+        } else {
+            send_all(&sock, &head)?;
+            send_all(&sock, payload)
+        }
+    }
+
+    fn close(&self, graceful: bool) {
+        self.closing.store(true, Ordering::SeqCst);
+        let sock = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        if graceful {
+            let bye = FrameHeader { kind: FrameKind::Goodbye, comm_id: 0, epoch: 0, seq: 0, tag: 0, len: 0 };
+            let _ = send_all(&sock, &bye.encode());
+        }
+        let _ = sock.shutdown(Shutdown::Both);
+        drop(sock);
+        if let Some(t) = self.reader.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = t.join();
+        }
+        tracing::debug!(peer = self.peer, graceful, "link closed");
+    }
+}
+
+fn reader_loop(mut sock: TcpStream, peer: u32, inbox: Arc<Inbox>, closing: Arc<AtomicBool>) {
+    let reason = loop {
+        let mut head = [0u8; HEADER_LEN];
+        if let Err(e) = sock.read_exact(&mut head) {
+            break format!("connection lost: {e}");
+        }
+        let hdr = match FrameHeader::decode(&head, MAX_CHUNK_BYTES) {
+            Ok(h) => h,
+            Err(e) => break format!("refused a frame and closed the connection: {e}"),
+        };
+        if hdr.kind == FrameKind::Goodbye {
+            inbox.mark_departed(peer);
+            return;
+        }
+        let mut payload = vec![0u8; hdr.len as usize];
+        if let Err(e) = sock.read_exact(&mut payload) {
+            break format!("connection lost inside a frame: {e}");
+        }
+        inbox.push(peer, Frame { hdr, payload });
+    };
+    if !closing.load(Ordering::SeqCst) {
+        let _ = sock.shutdown(Shutdown::Both);
+        inbox.mark_failed(peer, reason);
+    }
+}
+
+fn start_link(sock: TcpStream, peer: u32, inbox: &Arc<Inbox>, cfg: &Config) -> Result<Box<dyn Link>> {
+    let sys = |e: std::io::Error| Error::io(ErrorKind::System, format!("socket to world rank {peer}"), &e);
+    sock.set_nodelay(true).map_err(sys)?;
+    sock.set_read_timeout(None).map_err(sys)?;
+    sock.set_write_timeout(Some(cfg.timeout)).map_err(sys)?;
+    let rx = sock.try_clone().map_err(sys)?;
+    let closing = Arc::new(AtomicBool::new(false));
+    let (inbox2, closing2) = (inbox.clone(), closing.clone());
+    let reader = std::thread::Builder::new()
+        .name(format!("hccn-rx-{peer}"))
+        .spawn(move || reader_loop(rx, peer, inbox2, closing2))
+        .map_err(sys)?;
+    Ok(Box::new(TcpLink { peer, writer: Mutex::new(sock), closing, reader: Mutex::new(Some(reader)) }))
+}
+
+/// The first bytes after the handshake: which mesh and which rank is calling.
+fn hello(mesh: u64, rank: u32, size: u32) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[0..8].copy_from_slice(&mesh.to_le_bytes());
+    b[8..12].copy_from_slice(&rank.to_le_bytes());
+    b[12..16].copy_from_slice(&size.to_le_bytes());
+    b
+}
+
+fn connect_peer(
+    addr: SocketAddr,
+    peer: u32,
+    mesh: u64,
+    rank: u32,
+    size: u32,
+    token: &[u8],
+    cfg: &Config,
+) -> Result<TcpStream> {
+    let deadline = Instant::now() + cfg.timeout;
+    let mut sock = loop {
+        match TcpStream::connect_timeout(&addr, cfg.timeout) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() >= deadline => {
+                return Err(Error::io(ErrorKind::Connect, format!("connect to world rank {peer} at {addr}"), &e))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    auth::client(&mut sock, token, Purpose::Peer, cfg.timeout).map_err(|e| e.context(format!("world rank {peer}")))?;
+    send_all(&sock, &hello(mesh, rank, size)).map_err(|e| Error::io(ErrorKind::Connect, "hello", &e))?;
+    Ok(sock)
+}
+
+/// Accepts connections from every higher rank, refusing (and logging) anything else.
+fn accept_peers(
+    listener: &TcpListener,
+    mesh: u64,
+    rank: u32,
+    size: u32,
+    token: &[u8],
+    cfg: &Config,
+) -> Result<Vec<(u32, TcpStream)>> {
+    let sys = |e: std::io::Error| Error::io(ErrorKind::System, "listener", &e);
+    listener.set_nonblocking(true).map_err(sys)?;
+    let deadline = Instant::now() + cfg.timeout;
+    let mut got: Vec<(u32, TcpStream)> = Vec::new();
+    let want = (size - 1 - rank) as usize;
+    while got.len() < want {
+        let (mut sock, from) = match listener.accept() {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    return Err(Error::timeout(format!(
+                        "only {} of {want} higher ranks connected within {} ms",
+                        got.len(),
+                        cfg.timeout.as_millis()
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
+            }
+            Err(e) => return Err(sys(e)),
+        };
+        sock.set_nonblocking(false).map_err(sys)?;
+        let handshake_timeout = cfg.timeout.min(Duration::from_secs(10));
+        if let Err(e) = auth::server(&mut sock, token, Purpose::Peer, handshake_timeout) {
+            tracing::warn!(%from, "refused a peer connection: {e}");
+            continue;
+        }
+        let mut h = [0u8; 16];
+        if let Err(e) = sock.read_exact(&mut h) {
+            tracing::warn!(%from, "peer left before saying who it is: {e}");
+            continue;
+        }
+        let their_mesh = u64::from_le_bytes(h[0..8].try_into().unwrap_or_default());
+        let their_rank = u32::from_le_bytes(h[8..12].try_into().unwrap_or_default());
+        let their_size = u32::from_le_bytes(h[12..16].try_into().unwrap_or_default());
+        if their_mesh != mesh
+            || their_size != size
+            || their_rank <= rank
+            || their_rank >= size
+            || got.iter().any(|(r, _)| *r == their_rank)
+        {
+            tracing::warn!(%from, their_rank, their_size, "refused a peer that is not an expected member of this communicator");
+            continue;
+        }
+        got.push((their_rank, sock));
+    }
+    Ok(got)
+}
+
+/// Builds the full mesh of world `size`: publish our address, connect to lower ranks, accept
+/// higher ones. `prefix` namespaces the store keys; `mesh` is checked in every hello.
+pub(crate) fn connect_mesh(
+    rank: u32,
+    size: u32,
+    store: &dyn Store,
+    prefix: &str,
+    mesh: u64,
+    token: &[u8],
+    cfg: &Config,
+) -> Result<Net> {
+    let inbox = Arc::new(Inbox::default());
+    let listener = TcpListener::bind((cfg.bind_addr, 0))
+        .map_err(|e| Error::io(ErrorKind::System, format!("listen on {}", cfg.bind_addr), &e))?;
+    let addr = listener.local_addr().map_err(|e| Error::io(ErrorKind::System, "listen address", &e))?;
+    store.set(&format!("{prefix}/addr/{rank}"), addr.to_string().as_bytes())?;
+
+    let accepted = std::thread::scope(|s| -> Result<(Vec<(u32, TcpStream)>, Vec<(u32, TcpStream)>)> {
+        let acceptor = s.spawn(|| accept_peers(&listener, mesh, rank, size, token, cfg));
+        let mut connected = Vec::new();
+        for peer in 0..rank {
+            let raw = store.get(&format!("{prefix}/addr/{peer}"), cfg.timeout)?;
+            let text = String::from_utf8_lossy(&raw).into_owned();
+            let peer_addr: SocketAddr = text
+                .parse()
+                .map_err(|_| Error::new(ErrorKind::Store, format!("bad address {text:?} for rank {peer}")))?;
+            connected.push((peer, connect_peer(peer_addr, peer, mesh, rank, size, token, cfg)?));
+        }
+        let accepted = acceptor.join().map_err(|_| Error::internal("accept thread panicked"))??;
+        Ok((connected, accepted))
+    })?;
+
+    let mut links: Vec<Option<Box<dyn Link>>> = (0..size).map(|_| None).collect();
+    for (peer, sock) in accepted.0.into_iter().chain(accepted.1) {
+        links[peer as usize] = Some(start_link(sock, peer, &inbox, cfg)?);
+    }
+    Ok(Net::new(rank, links, inbox))
+}

@@ -1,0 +1,103 @@
+//! The fixed frame header every peer message starts with. A receiver checks magic, version and
+//! kind on arrival and the length against [`MAX_CHUNK_BYTES`](crate::config::MAX_CHUNK_BYTES)
+//! before reading the payload; the matching receive then checks communicator, epoch, sequence, tag
+//! and exact length before a byte reaches user memory.
+
+use crate::error::{Error, ErrorKind, Result};
+
+pub const MAGIC: u32 = 0x4843_434e; // "HCCN"
+pub const VERSION: u16 = 1;
+pub const HEADER_LEN: usize = 48;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum FrameKind {
+    /// Part of a collective; `seq` is the communicator's collective sequence number.
+    Collective = 1,
+    /// Point-to-point; `seq` counts messages from this sender to this receiver.
+    P2p = 2,
+    /// The sender is closing the connection on purpose (not a failure).
+    Goodbye = 3,
+}
+
+impl FrameKind {
+    fn from_raw(raw: u8) -> Option<Self> {
+        match raw {
+            1 => Some(FrameKind::Collective),
+            2 => Some(FrameKind::P2p),
+            3 => Some(FrameKind::Goodbye),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHeader {
+    pub kind: FrameKind,
+    pub comm_id: u64,
+    pub epoch: u64,
+    pub seq: u64,
+    pub tag: u32,
+    pub len: u64,
+}
+
+impl FrameHeader {
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        b[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        b[6] = self.kind as u8;
+        // b[7] flags, b[36..40] reserved: zero in version 1.
+        b[8..16].copy_from_slice(&self.comm_id.to_le_bytes());
+        b[16..24].copy_from_slice(&self.epoch.to_le_bytes());
+        b[24..32].copy_from_slice(&self.seq.to_le_bytes());
+        b[32..36].copy_from_slice(&self.tag.to_le_bytes());
+        b[40..48].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    /// Parses and checks a header; `max_len` bounds the payload the receiver will accept.
+    pub fn decode(b: &[u8; HEADER_LEN], max_len: usize) -> Result<Self> {
+        let le32 = |r: std::ops::Range<usize>| u32::from_le_bytes(b[r].try_into().unwrap_or([0; 4]));
+        let le64 = |r: std::ops::Range<usize>| u64::from_le_bytes(b[r].try_into().unwrap_or([0; 8]));
+        let bad = |what: String| Error::new(ErrorKind::Transfer, format!("malformed frame: {what}"));
+        if le32(0..4) != MAGIC {
+            return Err(bad(format!("bad magic {:#010x}", le32(0..4))));
+        }
+        let version = u16::from_le_bytes([b[4], b[5]]);
+        if version != VERSION {
+            return Err(bad(format!("protocol version {version}, expected {VERSION}")));
+        }
+        let kind = FrameKind::from_raw(b[6]).ok_or_else(|| bad(format!("unknown kind {}", b[6])))?;
+        if b[7] != 0 || le32(36..40) != 0 {
+            return Err(bad("reserved bits set".into()));
+        }
+        let len = le64(40..48);
+        if len > max_len as u64 {
+            return Err(bad(format!("length {len} exceeds the limit of {max_len} bytes")));
+        }
+        Ok(FrameHeader { kind, comm_id: le64(8..16), epoch: le64(16..24), seq: le64(24..32), tag: le32(32..36), len })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_refusals() {
+        let h = FrameHeader { kind: FrameKind::P2p, comm_id: 7, epoch: 2, seq: 99, tag: 5, len: 1024 };
+        let b = h.encode();
+        assert_eq!(FrameHeader::decode(&b, 4096).ok(), Some(h));
+        assert!(FrameHeader::decode(&b, 1000).is_err(), "length over limit");
+        let mut m = b;
+        m[0] ^= 1;
+        assert!(FrameHeader::decode(&m, 4096).is_err(), "magic");
+        let mut m = b;
+        m[6] = 42;
+        assert!(FrameHeader::decode(&m, 4096).is_err(), "kind");
+        let mut m = b;
+        m[4] = 9;
+        assert!(FrameHeader::decode(&m, 4096).is_err(), "version");
+    }
+}

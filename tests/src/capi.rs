@@ -1,0 +1,122 @@
+//! The collective matrix through the exported C functions, exactly as a C program calls them.
+
+use std::ffi::{c_void, CStr};
+
+use hccn::*;
+use hccn_runtime::{Op, Ptr};
+
+use crate::Coll;
+
+/// A communicator handle from the C ABI.
+#[derive(Debug)]
+pub struct CComm {
+    pub comm: *mut hccn_comm,
+}
+
+fn last_error() -> String {
+    // SAFETY: hccn_get_last_error never returns NULL and the string lives until the next failing call.
+    unsafe { CStr::from_ptr(hccn_get_last_error()) }.to_string_lossy().into_owned()
+}
+
+/// `Ok` for HCCN_SUCCESS, else the code with this thread's last error message.
+pub fn check(code: hccn_result) -> Result<(), (u32, String)> {
+    if code == 0 {
+        Ok(())
+    } else {
+        Err((code, last_error()))
+    }
+}
+
+impl CComm {
+    /// `hccn_init_from_env`, as under hccnrun.
+    pub fn from_env() -> Result<CComm, (u32, String)> {
+        let mut comm = std::ptr::null_mut();
+        // SAFETY: valid out pointer.
+        check(unsafe { hccn_init_from_env(&mut comm) })?;
+        Ok(CComm { comm })
+    }
+}
+
+impl Drop for CComm {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from the library and is destroyed once.
+        unsafe { hccn_comm_destroy(self.comm) };
+    }
+}
+
+fn v(p: Ptr) -> *mut c_void {
+    p.0.cast()
+}
+
+impl Coll for CComm {
+    fn rank(&self) -> u32 {
+        let mut r = u32::MAX;
+        // SAFETY: valid handle and out pointer.
+        unsafe { hccn_comm_rank(self.comm, &mut r) };
+        r
+    }
+
+    fn size(&self) -> u32 {
+        let mut s = 0;
+        // SAFETY: valid handle and out pointer.
+        unsafe { hccn_comm_size(self.comm, &mut s) };
+        s
+    }
+
+    unsafe fn run(&self, op: Op) -> Result<(), (u32, String)> {
+        let c = self.comm;
+        let s = std::ptr::null_mut();
+        // SAFETY: the caller guarantees the buffers; arrays outlive the calls.
+        let code = unsafe {
+            match op {
+                Op::AllReduce { send, recv, count, dt, op } => {
+                    hccn_allreduce(v(send), v(recv), count, dt as u32, op as u32, c, s)
+                }
+                Op::Broadcast { buf, count, dt, root } => hccn_broadcast(v(buf), count, dt as u32, root, c, s),
+                Op::Reduce { send, recv, count, dt, op, root } => {
+                    hccn_reduce(v(send), v(recv), count, dt as u32, op as u32, root, c, s)
+                }
+                Op::AllGather { send, recv, send_count, dt } => {
+                    hccn_allgather(v(send), v(recv), send_count, dt as u32, c, s)
+                }
+                Op::AllGatherV { send, send_count, recv, recv_counts, displs, dt } => hccn_allgatherv(
+                    v(send),
+                    send_count,
+                    v(recv),
+                    recv_counts.as_ptr(),
+                    displs.as_ptr(),
+                    dt as u32,
+                    c,
+                    s,
+                ),
+                Op::ReduceScatter { send, recv, recv_count, dt, op } => {
+                    hccn_reduce_scatter(v(send), v(recv), recv_count, dt as u32, op as u32, c, s)
+                }
+                Op::Gather { send, recv, send_count, dt, root } => {
+                    hccn_gather(v(send), v(recv), send_count, dt as u32, root, c, s)
+                }
+                Op::Scatter { send, recv, recv_count, dt, root } => {
+                    hccn_scatter(v(send), v(recv), recv_count, dt as u32, root, c, s)
+                }
+                Op::AllToAll { send, recv, count_per_rank, dt } => {
+                    hccn_alltoall(v(send), v(recv), count_per_rank, dt as u32, c, s)
+                }
+                Op::AllToAllV { send, send_counts, send_displs, recv, recv_counts, recv_displs, dt } => hccn_alltoallv(
+                    v(send),
+                    send_counts.as_ptr(),
+                    send_displs.as_ptr(),
+                    v(recv),
+                    recv_counts.as_ptr(),
+                    recv_displs.as_ptr(),
+                    dt as u32,
+                    c,
+                    s,
+                ),
+                Op::Send { buf, count, dt, peer } => hccn_send(v(buf), count, dt as u32, peer, c, s),
+                Op::Recv { buf, count, dt, peer } => hccn_recv(v(buf), count, dt as u32, peer, c, s),
+                Op::Barrier => hccn_barrier(c, s),
+            }
+        };
+        check(code)
+    }
+}
