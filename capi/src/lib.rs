@@ -27,7 +27,11 @@ pub(crate) fn config() -> Result<Config> {
     LOGGING.call_once(|| {
         let filter = tracing_subscriber::EnvFilter::try_new(&cfg.log)
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_writer(std::io::stderr)
+            .try_init();
     });
     Ok(cfg)
 }

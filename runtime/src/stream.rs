@@ -61,7 +61,13 @@ impl Stream {
             .spawn(move || {
                 for job in rx {
                     let failed_before = s2.lock().error.is_some();
-                    let result = if failed_before { Ok(()) } else { job() };
+                    let result = if failed_before {
+                        Ok(())
+                    } else {
+                        // A panic must not kill the worker: synchronize would wait forever.
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(job))
+                            .unwrap_or_else(|_| Err(Error::internal("an operation on this stream panicked")))
+                    };
                     let mut p = s2.lock();
                     if let Err(e) = result {
                         p.error.get_or_insert(e);

@@ -3,6 +3,7 @@
 
 pub mod capi;
 pub mod fixture;
+pub mod launch;
 pub mod matrix;
 
 use hccn_runtime::Op;

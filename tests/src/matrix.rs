@@ -38,6 +38,12 @@ impl Report {
     }
 }
 
+/// Every `Op` built in this file points into live local buffers of the sizes the op uses.
+fn exec(c: &dyn Coll, op: Op) -> Result<(), (u32, String)> {
+    // SAFETY: see above; the call blocks until the operation is done.
+    unsafe { c.run(op) }
+}
+
 fn roots(n: u32) -> Vec<u32> {
     let mut r = vec![0, n / 2, n - 1];
     r.dedup();
@@ -85,33 +91,31 @@ fn reductions(c: &dyn Coll, rep: &mut Report, dt: DataType, op: ReduceOp, count:
     let send = fill(dt, op, me, 0, count);
     let want = reduced_block(dt, op, &all, 0, count);
     let mut recv = vec![SENTINEL; count * es];
-    // SAFETY (all calls below): the buffers are live locals of the sizes the op uses.
-    if rep.call(name("allreduce", None), unsafe {
-        c.run(Op::AllReduce { send: p(&send), recv: pm(&mut recv), count: cnt, dt, op })
-    }) {
+    if rep.call(
+        name("allreduce", None),
+        exec(c, Op::AllReduce { send: p(&send), recv: pm(&mut recv), count: cnt, dt, op }),
+    ) {
         rep.expect(name("allreduce", None), dt, &recv, &want);
     }
     let mut buf = send.clone();
     let bp = pm(&mut buf);
-    if rep.call(name("allreduce in-place", None), unsafe {
-        c.run(Op::AllReduce { send: bp, recv: bp, count: cnt, dt, op })
-    }) {
+    if rep.call(name("allreduce in-place", None), exec(c, Op::AllReduce { send: bp, recv: bp, count: cnt, dt, op })) {
         rep.expect(name("allreduce in-place", None), dt, &buf, &want);
     }
 
     // reduce to every interesting root; in place on the root for root 0
     for root in roots(n) {
         let mut recv = vec![SENTINEL; count * es];
-        let r = unsafe { c.run(Op::Reduce { send: p(&send), recv: pm(&mut recv), count: cnt, dt, op, root }) };
+        let r = exec(c, Op::Reduce { send: p(&send), recv: pm(&mut recv), count: cnt, dt, op, root });
         if rep.call(name("reduce", Some(root)), r) && me == root {
             rep.expect(name("reduce", Some(root)), dt, &recv, &want);
         }
     }
     let mut buf = send.clone();
     let bp = pm(&mut buf);
-    if rep.call(name("reduce in-place", Some(0)), unsafe {
-        c.run(Op::Reduce { send: bp, recv: bp, count: cnt, dt, op, root: 0 })
-    }) && me == 0
+    if rep
+        .call(name("reduce in-place", Some(0)), exec(c, Op::Reduce { send: bp, recv: bp, count: cnt, dt, op, root: 0 }))
+        && me == 0
     {
         rep.expect(name("reduce in-place", Some(0)), dt, &buf, &want);
     }
@@ -120,21 +124,22 @@ fn reductions(c: &dyn Coll, rep: &mut Report, dt: DataType, op: ReduceOp, count:
     let send = fill(dt, op, me, 0, count * n as usize);
     let want = reduced_block(dt, op, &all, me as usize * count, count);
     let mut recv = vec![SENTINEL; count * es];
-    let r = unsafe { c.run(Op::ReduceScatter { send: p(&send), recv: pm(&mut recv), recv_count: cnt, dt, op }) };
+    let r = exec(c, Op::ReduceScatter { send: p(&send), recv: pm(&mut recv), recv_count: cnt, dt, op });
     if rep.call(name("reduce_scatter", None), r) {
         rep.expect(name("reduce_scatter", None), dt, &recv, &want);
     }
     let mut buf = send.clone();
     let base = buf.as_mut_ptr();
-    let r = unsafe {
-        c.run(Op::ReduceScatter {
+    let r = exec(
+        c,
+        Op::ReduceScatter {
             send: Ptr(base),
-            recv: Ptr(base.add(me as usize * count * es)),
+            recv: Ptr(base.wrapping_add(me as usize * count * es)),
             recv_count: cnt,
             dt,
             op,
-        })
-    };
+        },
+    );
     if rep.call(name("reduce_scatter in-place", None), r) {
         let mine = &buf[me as usize * count * es..(me as usize + 1) * count * es];
         rep.expect(name("reduce_scatter in-place", None), dt, mine, &want);
@@ -153,19 +158,16 @@ fn data_movement(c: &dyn Coll, rep: &mut Report, dt: DataType, count: usize) {
     let sum = ReduceOp::Sum;
     let block_of = |r: u32| fill(dt, sum, r, 0, count);
 
-    // SAFETY (all calls below): the buffers are live locals of the sizes the op uses.
     for root in roots(n) {
         // broadcast
         let mut buf = if me == root { block_of(root) } else { vec![SENTINEL; count * es] };
-        if rep.call(name("broadcast", Some(root)), unsafe {
-            c.run(Op::Broadcast { buf: pm(&mut buf), count: cnt, dt, root })
-        }) {
+        if rep.call(name("broadcast", Some(root)), exec(c, Op::Broadcast { buf: pm(&mut buf), count: cnt, dt, root })) {
             rep.expect(name("broadcast", Some(root)), dt, &buf, &block_of(root));
         }
         // gather
         let send = block_of(me);
         let mut recv = vec![SENTINEL; count * es * nu];
-        let r = unsafe { c.run(Op::Gather { send: p(&send), recv: pm(&mut recv), send_count: cnt, dt, root }) };
+        let r = exec(c, Op::Gather { send: p(&send), recv: pm(&mut recv), send_count: cnt, dt, root });
         if rep.call(name("gather", Some(root)), r) && me == root {
             let want: Vec<u8> = (0..n).flat_map(block_of).collect();
             rep.expect(name("gather", Some(root)), dt, &recv, &want);
@@ -174,7 +176,7 @@ fn data_movement(c: &dyn Coll, rep: &mut Report, dt: DataType, count: usize) {
         let send: Vec<u8> = if me == root { fill(dt, sum, root, 0, count * nu) } else { Vec::new() };
         let mut recv = vec![SENTINEL; count * es];
         let sp = if me == root { p(&send) } else { Ptr::null() };
-        let r = unsafe { c.run(Op::Scatter { send: sp, recv: pm(&mut recv), recv_count: cnt, dt, root }) };
+        let r = exec(c, Op::Scatter { send: sp, recv: pm(&mut recv), recv_count: cnt, dt, root });
         if rep.call(name("scatter", Some(root)), r) {
             rep.expect(name("scatter", Some(root)), dt, &recv, &fill(dt, sum, root, me as usize * count, count));
         }
@@ -184,17 +186,19 @@ fn data_movement(c: &dyn Coll, rep: &mut Report, dt: DataType, count: usize) {
     let want: Vec<u8> = (0..n).flat_map(block_of).collect();
     let send = block_of(me);
     let mut recv = vec![SENTINEL; count * es * nu];
-    if rep.call(name("allgather", None), unsafe {
-        c.run(Op::AllGather { send: p(&send), recv: pm(&mut recv), send_count: cnt, dt })
-    }) {
+    if rep.call(
+        name("allgather", None),
+        exec(c, Op::AllGather { send: p(&send), recv: pm(&mut recv), send_count: cnt, dt }),
+    ) {
         rep.expect(name("allgather", None), dt, &recv, &want);
     }
     let mut buf = vec![SENTINEL; count * es * nu];
     buf[me as usize * count * es..(me as usize + 1) * count * es].copy_from_slice(&send);
     let base = buf.as_mut_ptr();
-    let r = unsafe {
-        c.run(Op::AllGather { send: Ptr(base.add(me as usize * count * es)), recv: Ptr(base), send_count: cnt, dt })
-    };
+    let r = exec(
+        c,
+        Op::AllGather { send: Ptr(base.wrapping_add(me as usize * count * es)), recv: Ptr(base), send_count: cnt, dt },
+    );
     if rep.call(name("allgather in-place", None), r) {
         rep.expect(name("allgather in-place", None), dt, &buf, &want);
     }
@@ -212,16 +216,17 @@ fn data_movement(c: &dyn Coll, rep: &mut Report, dt: DataType, count: usize) {
     let total = (displs[nu - 1] + counts[nu - 1]) as usize;
     let send = fill(dt, sum, me, 0, counts[me as usize] as usize);
     let mut recv = vec![SENTINEL; total * es];
-    let r = unsafe {
-        c.run(Op::AllGatherV {
+    let r = exec(
+        c,
+        Op::AllGatherV {
             send: p(&send),
             send_count: counts[me as usize],
             recv: pm(&mut recv),
             recv_counts: counts.clone(),
             displs: displs.clone(),
             dt,
-        })
-    };
+        },
+    );
     if rep.call(name("allgatherv", None), r) {
         let mut want = vec![SENTINEL; total * es];
         for i in 0..nu {
@@ -234,7 +239,7 @@ fn data_movement(c: &dyn Coll, rep: &mut Report, dt: DataType, count: usize) {
     // alltoall: block p of rank r's input is fill(r, p*count ..)
     let send = fill(dt, sum, me, 0, count * nu);
     let mut recv = vec![SENTINEL; count * es * nu];
-    let r = unsafe { c.run(Op::AllToAll { send: p(&send), recv: pm(&mut recv), count_per_rank: cnt, dt }) };
+    let r = exec(c, Op::AllToAll { send: p(&send), recv: pm(&mut recv), count_per_rank: cnt, dt });
     if rep.call(name("alltoall", None), r) {
         let want: Vec<u8> = (0..n).flat_map(|q| fill(dt, sum, q, me as usize * count, count)).collect();
         rep.expect(name("alltoall", None), dt, &recv, &want);
@@ -259,8 +264,9 @@ fn data_movement(c: &dyn Coll, rep: &mut Report, dt: DataType, count: usize) {
     let (sdispls, rdispls) = (prefix(&scounts), prefix(&rcounts));
     let send: Vec<u8> = (0..n).flat_map(|q| block(me, q)).collect();
     let mut recv = vec![SENTINEL; rcounts.iter().sum::<u64>() as usize * es];
-    let r = unsafe {
-        c.run(Op::AllToAllV {
+    let r = exec(
+        c,
+        Op::AllToAllV {
             send: p(&send),
             send_counts: scounts,
             send_displs: sdispls,
@@ -268,8 +274,8 @@ fn data_movement(c: &dyn Coll, rep: &mut Report, dt: DataType, count: usize) {
             recv_counts: rcounts,
             recv_displs: rdispls,
             dt,
-        })
-    };
+        },
+    );
     if rep.call(name("alltoallv", None), r) {
         let want: Vec<u8> = (0..n).flat_map(|q| block(q, me)).collect();
         rep.expect(name("alltoallv", None), dt, &recv, &want);
@@ -280,8 +286,8 @@ fn data_movement(c: &dyn Coll, rep: &mut Report, dt: DataType, count: usize) {
     let from = (me + n - 1) % n;
     let send = block_of(me);
     let mut recv = vec![SENTINEL; count * es];
-    let ok = rep.call(name("send", None), unsafe { c.run(Op::Send { buf: p(&send), count: cnt, dt, peer: to }) })
-        && rep.call(name("recv", None), unsafe { c.run(Op::Recv { buf: pm(&mut recv), count: cnt, dt, peer: from }) });
+    let ok = rep.call(name("send", None), exec(c, Op::Send { buf: p(&send), count: cnt, dt, peer: to }))
+        && rep.call(name("recv", None), exec(c, Op::Recv { buf: pm(&mut recv), count: cnt, dt, peer: from }));
     if ok {
         rep.expect(name("send/recv", None), dt, &recv, &block_of(from));
     }
@@ -290,6 +296,6 @@ fn data_movement(c: &dyn Coll, rep: &mut Report, dt: DataType, count: usize) {
 fn barrier(c: &dyn Coll, rep: &mut Report) {
     let me = c.rank();
     // SAFETY: a barrier has no buffers.
-    let r = unsafe { c.run(Op::Barrier) };
+    let r = exec(c, Op::Barrier);
     rep.call(|| format!("rank {me}: barrier"), r);
 }

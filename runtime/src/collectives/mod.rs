@@ -351,9 +351,12 @@ pub(crate) unsafe fn execute(ctx: &Ctx<'_>, work: &Work) -> Result<()> {
             let owns_result = root.is_none_or(|r| r == me);
             let mut scratch = Vec::new();
             let acc: &mut [u8] = if owns_result {
+                // SAFETY: buffers per the contract stated above the match.
                 unsafe { copy(*send, *recv, *bytes) };
+                // SAFETY: buffers per the contract stated above the match.
                 unsafe { view_mut(*recv, *bytes) }
             } else {
+                // SAFETY: buffers per the contract stated above the match.
                 scratch.extend_from_slice(unsafe { view(*send, *bytes) });
                 &mut scratch
             };
@@ -364,22 +367,28 @@ pub(crate) unsafe fn execute(ctx: &Ctx<'_>, work: &Work) -> Result<()> {
             }
             Ok(())
         }
+        // SAFETY: buffers per the contract stated above the match.
         Work::Broadcast { buf, bytes, root } => algo.broadcast(ctx, unsafe { view_mut(*buf, *bytes) }, *root),
         Work::Gather { send, send_bytes, recv, blocks, root } => {
             let owns_result = root.is_none_or(|r| r == me);
             let (own, recv): (&[u8], &mut [u8]) = if owns_result {
                 let own_block = &blocks[me as usize];
+                // SAFETY: buffers per the contract stated above the match.
                 unsafe { copy(*send, Ptr(recv.0.wrapping_add(own_block.start)), *send_bytes) };
+                // SAFETY: buffers per the contract stated above the match.
                 let recv = unsafe { view_mut(*recv, span(blocks)) };
                 (&[], recv)
             } else {
+                // SAFETY: buffers per the contract stated above the match.
                 (unsafe { view(*send, *send_bytes) }, &mut [])
             };
             algo.gather(ctx, &mut GatherArgs { own, recv, blocks, root: *root })
         }
         Work::ReduceScatter { send, recv, block_bytes, dt, op } => {
             // The input may contain the output (in place), so it is read from a private copy.
+            // SAFETY: buffers per the contract stated above the match.
             let input = unsafe { view(*send, block_bytes * n as usize) }.to_vec();
+            // SAFETY: buffers per the contract stated above the match.
             let out = unsafe { view_mut(*recv, *block_bytes) };
             let mut args = ReduceScatterArgs { input: &input, out, block_bytes: *block_bytes, dt: *dt, op: *op };
             algo.reduce_scatter(ctx, &mut args)?;
@@ -390,16 +399,22 @@ pub(crate) unsafe fn execute(ctx: &Ctx<'_>, work: &Work) -> Result<()> {
         }
         Work::Scatter { send, blocks, recv, recv_bytes, root } => {
             let is_root = *root == me;
+            // SAFETY: buffers per the contract stated above the match.
             let send = if is_root { unsafe { view(*send, span(blocks)) } } else { &[] };
+            // SAFETY: buffers per the contract stated above the match.
             let recv = unsafe { view_mut(*recv, *recv_bytes) };
             algo.scatter(ctx, &mut ScatterArgs { send, blocks, recv, root: *root })
         }
         Work::AllToAll { send, send_blocks, recv, recv_blocks } => {
+            // SAFETY: buffers per the contract stated above the match.
             let send = unsafe { view(*send, span(send_blocks)) };
+            // SAFETY: buffers per the contract stated above the match.
             let recv = unsafe { view_mut(*recv, span(recv_blocks)) };
             algo.all_to_all(ctx, &mut AllToAllArgs { send, send_blocks, recv, recv_blocks })
         }
+        // SAFETY: buffers per the contract stated above the match.
         Work::Send { buf, bytes, peer, .. } => p2p::send(ctx, unsafe { view(*buf, *bytes) }, *peer),
+        // SAFETY: buffers per the contract stated above the match.
         Work::Recv { buf, bytes, peer, .. } => p2p::recv(ctx, unsafe { view_mut(*buf, *bytes) }, *peer),
         Work::Barrier => algo.barrier(ctx),
     }

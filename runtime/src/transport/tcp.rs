@@ -77,11 +77,19 @@ impl Link for TcpLink {
     }
 }
 
+fn lost(e: &std::io::Error) -> String {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        "connection closed without a goodbye (the process exited or was killed)".to_owned()
+    } else {
+        format!("connection lost: {e}")
+    }
+}
+
 fn reader_loop(mut sock: TcpStream, peer: u32, inbox: Arc<Inbox>, closing: Arc<AtomicBool>) {
     let reason = loop {
         let mut head = [0u8; HEADER_LEN];
         if let Err(e) = sock.read_exact(&mut head) {
-            break format!("connection lost: {e}");
+            break lost(&e);
         }
         let hdr = match FrameHeader::decode(&head, MAX_CHUNK_BYTES) {
             Ok(h) => h,
@@ -91,9 +99,13 @@ fn reader_loop(mut sock: TcpStream, peer: u32, inbox: Arc<Inbox>, closing: Arc<A
             inbox.mark_departed(peer);
             return;
         }
-        let mut payload = vec![0u8; hdr.len as usize];
-        if let Err(e) = sock.read_exact(&mut payload) {
-            break format!("connection lost inside a frame: {e}");
+        // Read into reserved capacity: zero-filling first would touch every byte twice.
+        let len = hdr.len as usize;
+        let mut payload = Vec::with_capacity(len);
+        match (&mut sock).take(len as u64).read_to_end(&mut payload) {
+            Ok(n) if n == len => {}
+            Ok(_) => break "connection closed inside a frame (the process exited or was killed)".to_owned(),
+            Err(e) => break format!("inside a frame: {}", lost(&e)),
         }
         inbox.push(peer, Frame { hdr, payload });
     };
@@ -226,7 +238,7 @@ pub(crate) fn connect_mesh(
     let addr = listener.local_addr().map_err(|e| Error::io(ErrorKind::System, "listen address", &e))?;
     store.set(&format!("{prefix}/addr/{rank}"), addr.to_string().as_bytes())?;
 
-    let accepted = std::thread::scope(|s| -> Result<(Vec<(u32, TcpStream)>, Vec<(u32, TcpStream)>)> {
+    let sockets = std::thread::scope(|s| -> Result<Vec<(u32, TcpStream)>> {
         let acceptor = s.spawn(|| accept_peers(&listener, mesh, rank, size, token, cfg));
         let mut connected = Vec::new();
         for peer in 0..rank {
@@ -238,11 +250,12 @@ pub(crate) fn connect_mesh(
             connected.push((peer, connect_peer(peer_addr, peer, mesh, rank, size, token, cfg)?));
         }
         let accepted = acceptor.join().map_err(|_| Error::internal("accept thread panicked"))??;
-        Ok((connected, accepted))
+        connected.extend(accepted);
+        Ok(connected)
     })?;
 
     let mut links: Vec<Option<Box<dyn Link>>> = (0..size).map(|_| None).collect();
-    for (peer, sock) in accepted.0.into_iter().chain(accepted.1) {
+    for (peer, sock) in sockets {
         links[peer as usize] = Some(start_link(sock, peer, &inbox, cfg)?);
     }
     Ok(Net::new(rank, links, inbox))

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what hccn's build and tests need on a Debian machine, once: later runs find
+# everything present and return in a second. Run as root (CI and the dev machines are).
+set -euo pipefail
+
+need_apt=()
+command -v gcc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
+command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
+command -v make >/dev/null 2>&1 || need_apt+=(make)
+command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+command -v ps >/dev/null 2>&1 || need_apt+=(procps)
+command -v cargo >/dev/null 2>&1 || need_apt+=(cargo rustc)
+
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup: installing ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
+fi
+
+# The sanitizer runtimes come with gcc; check that a sanitized program links.
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+echo 'int main(void){return 0;}' > "$tmp/t.c"
+if ! gcc -fsanitize=address,undefined "$tmp/t.c" -o "$tmp/t" 2>/dev/null; then
+  echo "setup: installing the gcc sanitizer runtimes"
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends libasan8 libubsan1
+fi
+
+for tool in rustfmt cargo-clippy; do
+  command -v "$tool" >/dev/null 2>&1 || { echo "setup: $tool is missing from the Rust toolchain" >&2; exit 1; }
+done
+echo "setup: ready ($(cargo --version))"

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, the generated header, unit tests, multi-process
+# tests over real sockets, and the C programs under sanitizers. CI runs exactly this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+
+echo "== format"
+cargo fmt --all -- --check
+echo "== clippy"
+cargo clippy --release --workspace --all-targets -- -D warnings
+echo "== build (libhccn.so, libhccn.a, hccnrun, hccn-perf, test programs)"
+cargo build --release --workspace --bins
+echo "== tests"
+cargo test --release --workspace -- --test-threads=2

@@ -1,0 +1,99 @@
+//! Running programs under hccnrun from tests: a hard timeout, the whole process group killed on
+//! expiry, and the output kept for the failure message.
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The directory of this build's binaries (target/<profile>), from the test executable's path.
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let deps = exe.parent().expect("deps dir");
+    let dir = if deps.ends_with("deps") { deps.parent().expect("profile dir") } else { deps };
+    dir.to_path_buf()
+}
+
+/// A workspace binary built in this profile (hccnrun, hccn-perf, ...).
+pub fn bin(name: &str) -> PathBuf {
+    let p = bin_dir().join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: build the workspace binaries first (cargo build --workspace --bins)",
+        p.display()
+    );
+    p
+}
+
+#[derive(Debug)]
+pub struct Outcome {
+    /// Exit code, or None when killed on timeout.
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+impl Outcome {
+    pub fn describe(&self) -> String {
+        format!(
+            "exit {:?} after {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.code, self.elapsed, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Runs `hccnrun -n N -- program args...` with extra environment, killing everything after
+/// `timeout`.
+pub fn hccnrun(n: u32, program: &std::path::Path, args: &[&str], env: &[(&str, &str)], timeout: Duration) -> Outcome {
+    let mut cmd = Command::new(bin("hccnrun"));
+    cmd.arg("-n").arg(n.to_string()).arg("--").arg(program).args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    run(cmd, timeout)
+}
+
+/// Runs `cmd` in its own process group with a hard timeout.
+pub fn run(mut cmd: Command, timeout: Duration) -> Outcome {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null()).process_group(0);
+    let start = Instant::now();
+    let mut child = cmd.spawn().expect("spawn");
+    let pgid = child.id() as i32;
+    let mut out = child.stdout.take().expect("stdout");
+    let mut err = child.stderr.take().expect("stderr");
+    let t_out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let code = loop {
+        match child.try_wait().expect("wait") {
+            Some(st) => {
+                break st.code().or_else(|| std::os::unix::process::ExitStatusExt::signal(&st).map(|s| 128 + s))
+            }
+            None if start.elapsed() > timeout => {
+                // SAFETY: killpg on the group we created; harmless if it is already gone.
+                unsafe { libc::killpg(pgid, libc::SIGKILL) };
+                let _ = child.wait();
+                break None;
+            }
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    // Ranks are in hccnrun's group too: make sure none outlives the test.
+    // SAFETY: as above.
+    unsafe { libc::killpg(pgid, libc::SIGKILL) };
+    Outcome {
+        code,
+        stdout: t_out.join().unwrap_or_default(),
+        stderr: t_err.join().unwrap_or_default(),
+        elapsed: start.elapsed(),
+    }
+}

@@ -1,0 +1,82 @@
+//! Dead peers, deadlines and intruders, with real processes.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use hccn_tests::launch;
+
+fn faults() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_hccn-faults"))
+}
+
+/// The number after `word ` on the line starting with `[rank] word`.
+fn field(out: &str, rank: u32, word: &str) -> Option<u128> {
+    let prefix = format!("[{rank}] {word} ");
+    out.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn pid_alive(pid: u128) -> bool {
+    // SAFETY: signal 0 only checks for existence.
+    unsafe { libc::kill(pid as i32, 0) == 0 }
+}
+
+#[test]
+fn sigkill_mid_allreduce_fails_survivors_within_two_seconds() {
+    for n in [3u32, 4] {
+        let out = launch::hccnrun(n, &faults(), &["kill"], &[], Duration::from_secs(120));
+        let victim = n - 1;
+        // hccnrun reports the victim's death by signal and returns 128 + 9.
+        assert_eq!(out.code, Some(137), "{}", out.describe());
+        let killed_at =
+            field(&out.stdout, victim, "KILL_AT").unwrap_or_else(|| panic!("no KILL_AT: {}", out.describe()));
+        for r in 0..victim {
+            let line = out
+                .stdout
+                .lines()
+                .find(|l| l.starts_with(&format!("[{r}] ERROR_AT")))
+                .unwrap_or_else(|| panic!("rank {r} saw no error: {}", out.describe()));
+            assert!(line.contains("code=100"), "rank {r}: {line}");
+            assert!(line.contains(&format!("failed=[{victim}]")), "rank {r}: {line}");
+            let at = field(&out.stdout, r, "ERROR_AT").unwrap_or(0);
+            assert!(
+                at >= killed_at && at - killed_at <= 2000,
+                "rank {r} noticed after {} ms: {}",
+                at.saturating_sub(killed_at),
+                out.describe()
+            );
+            assert!(out.stdout.contains(&format!("[{r}] AFTER code=Some(100) async=100")), "{}", out.describe());
+        }
+        for r in 0..n {
+            if let Some(pid) = field(&out.stdout, r, "PID") {
+                assert!(!pid_alive(pid), "rank {r} (pid {pid}) outlived the job");
+            }
+        }
+    }
+}
+
+#[test]
+fn wrong_token_is_refused_while_the_job_keeps_working() {
+    let out = launch::hccnrun(3, &faults(), &["intruder"], &[], Duration::from_secs(120));
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    assert!(out.stdout.contains("INTRUDER refused code=104"), "{}", out.describe());
+    for r in 0..3 {
+        assert!(out.stdout.contains(&format!("[{r}] JOB_OK wrong=0")), "{}", out.describe());
+    }
+}
+
+#[test]
+fn a_rank_that_never_joins_is_a_timeout_not_a_hang() {
+    let out = launch::hccnrun(2, &faults(), &["deadline"], &[("HCCN_TIMEOUT_MS", "700")], Duration::from_secs(60));
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let ms = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("[0] DEADLINE code=Some(9)"))
+        .and_then(|l| l.split("in_ms=").nth(1))
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let ms = ms.unwrap_or_else(|| panic!("no DEADLINE line: {}", out.describe()));
+    assert!((600..2500).contains(&ms), "timeout after {ms} ms with HCCN_TIMEOUT_MS=700");
+}
