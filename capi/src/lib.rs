@@ -20,19 +20,10 @@ pub use types::*;
 
 use hccn_runtime::{Config, Result};
 
-/// Reads the configuration once per call site and starts logging (HCCN_LOG) on first use.
+/// Reads the configuration and starts logging (HCCN_LOG) on first use.
 pub(crate) fn config() -> Result<Config> {
     let cfg = Config::from_env()?;
-    static LOGGING: std::sync::Once = std::sync::Once::new();
-    LOGGING.call_once(|| {
-        let filter = tracing_subscriber::EnvFilter::try_new(&cfg.log)
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .with_writer(std::io::stderr)
-            .try_init();
-    });
+    hccn_runtime::log::init(&cfg);
     Ok(cfg)
 }
 

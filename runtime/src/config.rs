@@ -40,6 +40,8 @@ pub struct Config {
     pub bind_addr: IpAddr,
     pub chunk_bytes: usize,
     pub log: String,
+    /// `HCCN_JOB_ID` when set (the launcher keeps a given job name).
+    pub job_id: Option<String>,
 }
 
 /// What `hccn_init_from_env` needs in addition to [`Config`].
@@ -61,6 +63,7 @@ impl Default for Config {
             bind_addr: IpAddr::from([127, 0, 0, 1]),
             chunk_bytes: 512 << 10,
             log: "warn".to_owned(),
+            job_id: None,
         }
     }
 }
@@ -100,6 +103,7 @@ impl Config {
         if let Some(v) = get("HCCN_LOG") {
             c.log = v;
         }
+        c.job_id = get("HCCN_JOB_ID").filter(|v| !v.is_empty());
         Ok(c)
     }
 }

@@ -6,6 +6,7 @@ pub mod collectives;
 pub mod comm;
 pub mod config;
 pub mod error;
+pub mod log;
 pub mod reduce;
 pub mod rendezvous;
 pub mod stream;

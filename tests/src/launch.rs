@@ -79,7 +79,11 @@ pub fn run(mut cmd: Command, timeout: Duration) -> Outcome {
                 break st.code().or_else(|| std::os::unix::process::ExitStatusExt::signal(&st).map(|s| 128 + s))
             }
             None if start.elapsed() > timeout => {
-                // SAFETY: killpg on the group we created; harmless if it is already gone.
+                // hccnrun forwards SIGTERM to its ranks' groups; SIGKILL follows for whatever stays.
+                // SAFETY: signalling the process and group we created; harmless if already gone.
+                unsafe { libc::kill(pgid, libc::SIGTERM) };
+                std::thread::sleep(Duration::from_secs(2));
+                // SAFETY: as above.
                 unsafe { libc::killpg(pgid, libc::SIGKILL) };
                 let _ = child.wait();
                 break None;
@@ -87,7 +91,8 @@ pub fn run(mut cmd: Command, timeout: Duration) -> Outcome {
             None => std::thread::sleep(Duration::from_millis(20)),
         }
     };
-    // Ranks are in hccnrun's group too: make sure none outlives the test.
+    // hccnrun has stopped its ranks (each in its own group, with a parent-death signal); this
+    // also ends anything else left in the launcher's group.
     // SAFETY: as above.
     unsafe { libc::killpg(pgid, libc::SIGKILL) };
     Outcome {

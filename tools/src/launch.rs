@@ -1,0 +1,492 @@
+//! hccnrun: hosts the job's rendezvous store, starts N local ranks, forwards their output with a
+//! rank prefix, and stops the whole job as soon as one rank fails, the time limit passes or
+//! hccnrun itself is interrupted.
+
+use std::ffi::OsString;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use hccn_runtime::{Config, StoreServer};
+
+use crate::args::{self, Args, UsageError};
+
+pub const USAGE: &str = "\
+usage: hccnrun -n N [--timeout SECONDS] [--grace SECONDS] [--] PROGRAM [ARGS...]
+
+Starts N ranks of PROGRAM on this host around an embedded rendezvous store. Each rank gets
+HCCN_RANK, HCCN_WORLD_SIZE, HCCN_LOCAL_RANK, HCCN_LOCAL_WORLD_SIZE, HCCN_STORE, HCCN_JOB_ID and
+HCCN_JOB_TOKEN; its stdout and stderr lines are prefixed with \"[rank] \". Stdin is not forwarded.
+
+  -n, --np N           number of ranks (required)
+  --timeout SECONDS    stop the job and exit 124 when it runs longer
+  --grace SECONDS      after a rank fails, how long the others may finish on their own before
+                       they get SIGTERM (default 3); SIGKILL follows 1 s after SIGTERM
+  -h, --help           this text
+
+Exit status: 0 when every rank exits 0; otherwise the first failing rank's code (128+N for
+signal N), 124 on timeout, 128+N when hccnrun receives signal N (SIGINT, SIGTERM, SIGHUP are
+forwarded to the ranks; a second one kills them at once), 2 on bad usage.
+";
+
+/// How long stopped ranks get between SIGTERM and SIGKILL.
+const TERM_TO_KILL: Duration = Duration::from_secs(1);
+const POLL: Duration = Duration::from_millis(15);
+/// How long output may keep flowing after every rank has exited; only a descendant that left
+/// its rank's process group can hold a pipe open that long.
+const DRAIN_LIMIT: Duration = Duration::from_secs(2);
+const EXIT_TIMEOUT: i32 = 124;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    pub nranks: u32,
+    pub timeout: Option<Duration>,
+    pub grace: Duration,
+    pub program: OsString,
+    pub args: Vec<OsString>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Invocation {
+    Run(Options),
+    Help,
+}
+
+pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
+    let mut nranks = None;
+    let mut timeout = None;
+    let mut grace = Duration::from_secs(3);
+    while let Some((name, inline)) = a.next_option()? {
+        match name.as_str() {
+            "-h" | "--help" => return Ok(Invocation::Help),
+            "-n" | "--np" => {
+                let n: u32 = args::number(&name, &a.value(&name, inline)?)?;
+                if n == 0 {
+                    return Err(UsageError(format!("{name} must be at least 1")));
+                }
+                nranks = Some(n);
+            }
+            "--timeout" => {
+                let t = args::seconds(&name, &a.value(&name, inline)?)?;
+                if t.is_zero() {
+                    return Err(UsageError("--timeout must be more than 0".into()));
+                }
+                timeout = Some(t);
+            }
+            "--grace" => grace = args::seconds(&name, &a.value(&name, inline)?)?,
+            _ => return Err(UsageError(format!("unknown option {name}"))),
+        }
+    }
+    let nranks = nranks.ok_or_else(|| UsageError("the number of ranks (-n N) is required".into()))?;
+    let mut rest = a.rest().into_iter();
+    let program = rest.next().ok_or_else(|| UsageError("no PROGRAM given".into()))?;
+    Ok(Invocation::Run(Options { nranks, timeout, grace, program, args: rest.collect() }))
+}
+
+/// hccnrun's entry point; returns the process exit code.
+pub fn main() -> i32 {
+    match parse(Args::from_env()) {
+        Ok(Invocation::Help) => {
+            let _ = io::stdout().write_all(USAGE.as_bytes());
+            0
+        }
+        Err(e) => {
+            let first = USAGE.lines().next().unwrap_or_default();
+            let _ = writeln!(io::stderr(), "hccnrun: {e}\n{first}\n(hccnrun --help for more)");
+            2
+        }
+        Ok(Invocation::Run(o)) => match run(&o) {
+            Ok(code) => code,
+            Err(msg) => {
+                say(format_args!("{msg}"));
+                1
+            }
+        },
+    }
+}
+
+/// hccnrun's own messages. Written under the stderr lock so they never split a rank's line.
+fn say(msg: std::fmt::Arguments<'_>) {
+    let _ = writeln!(io::stderr().lock(), "hccnrun: {msg}");
+}
+
+fn random_hex<const N: usize>() -> Result<String, String> {
+    let mut b = [0u8; N];
+    getrandom::getrandom(&mut b).map_err(|e| format!("no randomness for the job token: {e}"))?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// The last of SIGINT, SIGTERM or SIGHUP received and not yet handled (0 if none).
+static SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    SIGNAL.store(sig, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() {
+    let handler: extern "C" fn(libc::c_int) = on_signal;
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: the handler only stores to a lock-free atomic, which is async-signal-safe.
+        unsafe { libc::signal(sig, handler as libc::sighandler_t) };
+    }
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGSYS => "SIGSYS",
+        _ => "unknown signal",
+    }
+}
+
+/// hccnrun's exit code for a rank that ended with `status`, as a shell reports it.
+fn exit_code(status: ExitStatus) -> i32 {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => c,
+        (None, Some(s)) => 128 + s,
+        (None, None) => 1,
+    }
+}
+
+fn describe(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => format!("exited with code {c}"),
+        (None, Some(s)) => {
+            let core = if status.core_dumped() { " (core dumped)" } else { "" };
+            format!("was killed by signal {s} ({}){core}", signal_name(s))
+        }
+        (None, None) => format!("ended with status {status}"),
+    }
+}
+
+/// Copies `pipe` to hccnrun's stdout or stderr line by line, each line prefixed with the rank.
+fn forward(rank: u32, pipe: impl Read, to_stderr: bool) {
+    let prefix = format!("[{rank}] ");
+    let mut reader = BufReader::with_capacity(64 << 10, pipe);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        line.extend_from_slice(prefix.as_bytes());
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        if !line.ends_with(b"\n") {
+            line.push(b'\n');
+        }
+        // A closed terminal or pipe must not stop the draining, or the rank would block on a
+        // full pipe; its output is then lost, as it would be without hccnrun.
+        let _ = if to_stderr {
+            io::stderr().lock().write_all(&line)
+        } else {
+            let mut out = io::stdout().lock();
+            out.write_all(&line).and_then(|()| out.flush())
+        };
+    }
+}
+
+/// One started rank. Its pid is also its process group id.
+struct Rank {
+    rank: u32,
+    pid: i32,
+    child: Child,
+    status: Option<ExitStatus>,
+}
+
+impl Rank {
+    /// Signals the rank's process group (its descendants too), or the rank alone if it moved to
+    /// another group. Never called once the rank is reaped, so the pid cannot be a reused one.
+    fn signal(&self, sig: i32) {
+        // SAFETY: plain syscalls on a pid that is still ours (running or an unreaped zombie).
+        unsafe {
+            if libc::kill(-self.pid, sig) != 0 {
+                libc::kill(self.pid, sig);
+            }
+        }
+    }
+
+    /// Reaps the rank if it has exited. Before reaping, whatever the rank left running in its
+    /// process group is killed: nothing may outlive the job, and the zombie keeps the group id
+    /// from being reused until then.
+    fn poll(&mut self) -> Option<ExitStatus> {
+        if self.status.is_some() {
+            return self.status;
+        }
+        // SAFETY: zeroed siginfo_t is a valid value; waitid leaves si_pid 0 when nothing exited.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        let flags = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
+        // SAFETY: `info` is a valid out-pointer for the call.
+        let rc = unsafe { libc::waitid(libc::P_PID, self.pid as libc::id_t, &mut info, flags) };
+        if rc != 0 {
+            // Not expected for a child of ours that is not reaped yet; std's own bookkeeping
+            // then decides, without the group clean-up.
+            self.status = self.child.try_wait().ok().flatten();
+            return self.status;
+        }
+        // SAFETY: waitid succeeded, so `info` is filled in (or still zeroed).
+        if unsafe { info.si_pid() } == 0 {
+            return None;
+        }
+        // SAFETY: the group's leader is an unreaped zombie, so the id is still this job's.
+        unsafe { libc::kill(-self.pid, libc::SIGKILL) };
+        // The rank has exited, so this returns at once; an error here would mean someone else
+        // reaped it, and it counts as a failure rather than leaving the job waiting for it.
+        self.status = Some(self.child.wait().unwrap_or_else(|_| ExitStatus::from_raw(1 << 8)));
+        self.status
+    }
+}
+
+/// What the job is doing about stopping.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Phase {
+    Running,
+    /// A rank failed; the others may finish until the deadline.
+    Grace(Instant),
+    /// Remaining ranks have been told to stop; SIGKILL follows at the deadline.
+    Stopping(Instant),
+    Killed,
+}
+
+struct Job {
+    ranks: Vec<Rank>,
+    readers: Vec<(u32, JoinHandle<()>)>,
+    /// hccnrun's exit code, fixed by the first event that decides it.
+    outcome: Option<i32>,
+    phase: Phase,
+}
+
+impl Job {
+    fn spawn(&mut self, o: &Options, rank: u32, env: &[(&str, String)]) -> io::Result<()> {
+        let mut cmd = Command::new(&o.program);
+        cmd.args(&o.args)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .env("HCCN_RANK", rank.to_string())
+            .env("HCCN_LOCAL_RANK", rank.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Its own group, so that stopping a rank reaches whatever it started (a shell's
+            // children, say) and a terminal's Ctrl-C reaches the ranks only through hccnrun.
+            .process_group(0);
+        let parent = std::process::id() as libc::pid_t;
+        // SAFETY: the closure runs in the forked child before exec and only makes
+        // async-signal-safe calls (prctl, getppid).
+        unsafe {
+            cmd.pre_exec(move || {
+                // The rank dies with hccnrun even when hccnrun is SIGKILLed.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                // hccnrun may have died before the prctl took effect.
+                if libc::getppid() != parent {
+                    return Err(io::Error::from_raw_os_error(libc::ESRCH));
+                }
+                Ok(())
+            })
+        };
+        let mut child = cmd.spawn()?;
+        let pid = child.id() as i32;
+        let pipes = (child.stdout.take(), child.stderr.take());
+        self.ranks.push(Rank { rank, pid, child, status: None });
+        if let Some(out) = pipes.0 {
+            self.readers.push((rank, start_reader(rank, out, false)?));
+        }
+        if let Some(err) = pipes.1 {
+            self.readers.push((rank, start_reader(rank, err, true)?));
+        }
+        Ok(())
+    }
+
+    fn running(&self) -> impl Iterator<Item = &Rank> {
+        self.ranks.iter().filter(|r| r.status.is_none())
+    }
+
+    fn signal_running(&self, sig: i32) {
+        let ranks: Vec<String> = self.running().map(|r| r.rank.to_string()).collect();
+        if ranks.is_empty() {
+            return;
+        }
+        say(format_args!("sending {} to rank(s) {}", signal_name(sig), ranks.join(", ")));
+        for r in self.running() {
+            r.signal(sig);
+        }
+    }
+
+    /// Tells the remaining ranks to stop with `sig`; SIGKILL follows after [`TERM_TO_KILL`].
+    fn stop(&mut self, sig: i32) {
+        self.signal_running(sig);
+        self.phase = Phase::Stopping(Instant::now() + TERM_TO_KILL);
+    }
+
+    fn kill(&mut self) {
+        self.signal_running(libc::SIGKILL);
+        self.phase = Phase::Killed;
+    }
+
+    /// Watches the ranks until every one has been reaped; returns hccnrun's exit code.
+    fn monitor(&mut self, o: &Options, started: Instant) -> i32 {
+        loop {
+            for r in self.ranks.iter_mut().filter(|r| r.status.is_none()) {
+                let Some(status) = r.poll() else { continue };
+                // Once the job is being stopped, ranks ending by our signals are expected.
+                let stopping = matches!(self.phase, Phase::Stopping(_) | Phase::Killed);
+                if !status.success() && !stopping {
+                    say(format_args!("rank {} (pid {}) {}", r.rank, r.pid, describe(status)));
+                    self.outcome.get_or_insert(exit_code(status));
+                    if self.phase == Phase::Running {
+                        self.phase = Phase::Grace(Instant::now() + o.grace);
+                    }
+                }
+            }
+            if self.running().next().is_none() {
+                return self.outcome.unwrap_or(0);
+            }
+            let now = Instant::now();
+            let sig = SIGNAL.swap(0, Ordering::SeqCst);
+            if sig != 0 {
+                if matches!(self.phase, Phase::Stopping(_) | Phase::Killed) {
+                    say(format_args!("received {} again, killing ranks", signal_name(sig)));
+                    self.kill();
+                } else {
+                    say(format_args!("received {}, stopping ranks", signal_name(sig)));
+                    self.outcome.get_or_insert(128 + sig);
+                    self.stop(sig);
+                }
+            }
+            if let Some(limit) = o.timeout {
+                let in_time = matches!(self.phase, Phase::Running | Phase::Grace(_));
+                if in_time && now.duration_since(started) >= limit {
+                    say(format_args!("timeout after {} s, stopping ranks", limit.as_secs_f64()));
+                    self.outcome.get_or_insert(EXIT_TIMEOUT);
+                    self.stop(libc::SIGTERM);
+                }
+            }
+            match self.phase {
+                Phase::Grace(deadline) if now >= deadline => self.stop(libc::SIGTERM),
+                Phase::Stopping(deadline) if now >= deadline => self.kill(),
+                _ => {}
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Joins the output threads so that every line reaches hccnrun's output before it exits.
+    fn drain(&mut self) {
+        let deadline = Instant::now() + DRAIN_LIMIT;
+        while self.readers.iter().any(|(_, t)| !t.is_finished()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let (done, open): (Vec<_>, Vec<_>) = self.readers.drain(..).partition(|(_, t)| t.is_finished());
+        for (_, t) in done {
+            let _ = t.join();
+        }
+        if !open.is_empty() {
+            let ranks: Vec<String> = open.iter().map(|(r, _)| r.to_string()).collect();
+            say(format_args!(
+                "output of rank(s) {} is still open after they exited (a process that left the rank's \
+                 process group holds it); not waiting for it",
+                ranks.join(", ")
+            ));
+        }
+    }
+}
+
+fn start_reader(rank: u32, pipe: impl Read + Send + 'static, to_stderr: bool) -> io::Result<JoinHandle<()>> {
+    let stream = if to_stderr { "err" } else { "out" };
+    std::thread::Builder::new().name(format!("rank{rank}-{stream}")).spawn(move || forward(rank, pipe, to_stderr))
+}
+
+/// Runs the job and returns hccnrun's exit code; `Err` only when it could not be set up.
+pub fn run(o: &Options) -> Result<i32, String> {
+    let started = Instant::now();
+    let cfg = Config::from_env().map_err(|e| e.to_string())?;
+    // Ranks read the token as a string and use its bytes, so the store gets the same bytes.
+    let token = random_hex::<32>()?;
+    let job_id = match cfg.job_id.clone() {
+        Some(id) => id,
+        None => format!("job-{}", random_hex::<4>()?),
+    };
+    let store = StoreServer::start(SocketAddr::new(cfg.bind_addr, 0), token.as_bytes())
+        .map_err(|e| format!("cannot start the store: {e}"))?;
+    let env = [
+        ("HCCN_WORLD_SIZE", o.nranks.to_string()),
+        ("HCCN_LOCAL_WORLD_SIZE", o.nranks.to_string()),
+        ("HCCN_STORE", format!("tcp://{}", store.local_addr())),
+        ("HCCN_JOB_ID", job_id),
+        ("HCCN_JOB_TOKEN", token),
+    ];
+    install_signal_handlers();
+    let mut job = Job { ranks: Vec::new(), readers: Vec::new(), outcome: None, phase: Phase::Running };
+    for rank in 0..o.nranks {
+        if let Err(e) = job.spawn(o, rank, &env) {
+            say(format_args!("cannot start rank {rank} ({}): {e}", o.program.to_string_lossy()));
+            job.outcome = Some(if e.kind() == io::ErrorKind::NotFound { 127 } else { 126 });
+            job.stop(libc::SIGTERM);
+            break;
+        }
+    }
+    let code = job.monitor(o, started);
+    job.drain();
+    drop(store);
+    Ok(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_strs(a: &[&str]) -> Result<Invocation, UsageError> {
+        parse(Args::new(a.iter().copied()))
+    }
+
+    #[test]
+    fn parses_a_command_line() {
+        let c = parse_strs(&["-n", "3", "--timeout", "1.5", "--grace=0", "--", "prog", "-n", "5"]);
+        let Ok(Invocation::Run(o)) = c else { panic!("not parsed: {c:?}") };
+        assert_eq!(o.nranks, 3);
+        assert_eq!(o.timeout, Some(Duration::from_millis(1500)));
+        assert_eq!(o.grace, Duration::ZERO);
+        assert_eq!(o.program, "prog");
+        assert_eq!(o.args, vec![OsString::from("-n"), OsString::from("5")]);
+        let Ok(Invocation::Run(o)) = parse_strs(&["-n", "1", "prog"]) else { panic!("not parsed") };
+        assert_eq!((o.timeout, o.grace), (None, Duration::from_secs(3)));
+        assert_eq!(parse_strs(&["--help"]), Ok(Invocation::Help));
+    }
+
+    #[test]
+    fn refuses_bad_usage() {
+        for bad in
+            [&["prog"][..], &["-n", "0", "prog"], &["-n", "2"], &["-n", "x", "p"], &["--timeout", "0", "-n", "1", "p"]]
+        {
+            assert!(parse_strs(bad).is_err(), "{bad:?}");
+        }
+        assert!(parse_strs(&["-n", "2", "--bogus", "p"]).is_err());
+    }
+
+    #[test]
+    fn statuses_read_like_a_shell() {
+        assert_eq!(exit_code(ExitStatus::from_raw(3 << 8)), 3);
+        assert_eq!(exit_code(ExitStatus::from_raw(9)), 137);
+        assert_eq!(describe(ExitStatus::from_raw(9)), "was killed by signal 9 (SIGKILL)");
+        assert_eq!(describe(ExitStatus::from_raw(3 << 8)), "exited with code 3");
+    }
+}

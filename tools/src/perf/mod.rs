@@ -1,0 +1,487 @@
+//! hccn-perf: an nccl-tests style sweep over message sizes for one collective, reporting time,
+//! algorithm and bus bandwidth and, with `-c`, the number of wrong result elements.
+
+mod check;
+
+use std::io::{self, Write};
+use std::time::{Duration, Instant};
+
+use hccn_runtime::{Communicator, Config, DataType, LaunchEnv, Op, Ptr, ReduceOp};
+
+use crate::args::{self, Args, UsageError};
+pub use check::Checker;
+
+pub const USAGE: &str = "\
+usage: hccnrun -n N hccn-perf [options]
+
+Times one collective over a range of message sizes, like nccl-tests; rank 0 prints the table.
+
+  --op NAME            allreduce (default), allgather, reduce_scatter, broadcast, reduce, alltoall
+  --dtype NAME         int8 int16 int32 int64 uint8 uint16 uint32 uint64 fp16 bf16 fp32 (default) fp64
+  --redop NAME         sum (default), prod, max, min, avg
+  -b, --minbytes SIZE  smallest size (default 32M); K, M, G suffixes are powers of 1024
+  -e, --maxbytes SIZE  largest size (default 32M)
+  -f, --stepfactor F   multiply the size by F between steps (default 2)
+  -w, --warmup N       untimed iterations per size (default 5)
+  -n, --iters N        timed iterations per size (default 20)
+  -c, --check          verify the results and count wrong elements
+  --root R             root of broadcast and reduce (default 0)
+  -h, --help           this text
+
+The size column is the op's largest buffer: allreduce, broadcast, reduce: count elements;
+allgather: the gathered result; reduce_scatter: the input; alltoall: either buffer. Sizes are
+rounded down to whole elements (times the ranks where the op splits by rank). busbw is algbw
+times 2(n-1)/n for allreduce, (n-1)/n for allgather, reduce_scatter and alltoall, 1 otherwise.
+Exits 1 when an operation fails or a result is wrong.
+";
+
+/// The collectives hccn-perf can time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Coll {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    Broadcast,
+    Reduce,
+    AllToAll,
+}
+
+/// Buffer sizes of one step, in elements. `count` is the per-call count argument (per rank
+/// for the ops that split by rank), as the count column of nccl-tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    pub count: u64,
+    pub send_elems: u64,
+    pub recv_elems: u64,
+    /// The size column: bytes of the op's largest buffer.
+    pub bytes: u64,
+}
+
+impl Coll {
+    pub const ALL: [Coll; 6] =
+        [Coll::AllReduce, Coll::AllGather, Coll::ReduceScatter, Coll::Broadcast, Coll::Reduce, Coll::AllToAll];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Coll::AllReduce => "allreduce",
+            Coll::AllGather => "allgather",
+            Coll::ReduceScatter => "reduce_scatter",
+            Coll::Broadcast => "broadcast",
+            Coll::Reduce => "reduce",
+            Coll::AllToAll => "alltoall",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Coll> {
+        let squashed = name.to_ascii_lowercase().replace(['_', '-'], "");
+        Coll::ALL.into_iter().find(|c| c.name().replace('_', "") == squashed)
+    }
+
+    fn reduces(self) -> bool {
+        matches!(self, Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce)
+    }
+
+    fn rooted(self) -> bool {
+        matches!(self, Coll::Broadcast | Coll::Reduce)
+    }
+
+    /// busbw / algbw, as nccl-tests defines it.
+    pub fn bus_factor(self, nranks: u32) -> f64 {
+        let n = f64::from(nranks);
+        match self {
+            Coll::AllReduce => 2.0 * (n - 1.0) / n,
+            Coll::AllGather | Coll::ReduceScatter | Coll::AllToAll => (n - 1.0) / n,
+            Coll::Broadcast | Coll::Reduce => 1.0,
+        }
+    }
+
+    /// Buffers for a step of `size` bytes, or `None` when that is less than one element (per
+    /// rank, for the ops that split by rank).
+    pub fn layout(self, size: u64, elem_size: u64, nranks: u32) -> Option<Layout> {
+        let n = u64::from(nranks);
+        let (count, send, recv) = match self {
+            Coll::AllReduce | Coll::Reduce => {
+                let c = size / elem_size;
+                (c, c, c)
+            }
+            Coll::Broadcast => (size / elem_size, 0, size / elem_size),
+            Coll::AllGather => {
+                let c = size / elem_size / n;
+                (c, c, c * n)
+            }
+            Coll::ReduceScatter => {
+                let c = size / elem_size / n;
+                (c, c * n, c)
+            }
+            Coll::AllToAll => {
+                let c = size / elem_size / n;
+                (c, c * n, c * n)
+            }
+        };
+        (count > 0).then(|| Layout { count, send_elems: send, recv_elems: recv, bytes: send.max(recv) * elem_size })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    pub coll: Coll,
+    pub dt: DataType,
+    pub op: ReduceOp,
+    pub min_bytes: u64,
+    pub max_bytes: u64,
+    pub step_factor: u64,
+    pub warmup: u32,
+    pub iters: u32,
+    pub check: bool,
+    pub root: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            coll: Coll::AllReduce,
+            dt: DataType::Fp32,
+            op: ReduceOp::Sum,
+            min_bytes: 32 << 20,
+            max_bytes: 32 << 20,
+            step_factor: 2,
+            warmup: 5,
+            iters: 20,
+            check: false,
+            root: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Invocation {
+    Run(Options),
+    Help,
+}
+
+fn reduce_op(name: &str) -> Option<ReduceOp> {
+    ReduceOp::ALL.into_iter().find(|o| o.name() == name.to_ascii_lowercase())
+}
+
+pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
+    let mut o = Options::default();
+    while let Some((name, inline)) = a.next_option()? {
+        let bad = |what: &str, v: &str| UsageError(format!("{name}: unknown {what} {v:?}"));
+        match name.as_str() {
+            "-h" | "--help" => return Ok(Invocation::Help),
+            "-c" | "--check" => o.check = true,
+            "--op" => {
+                let v = a.value(&name, inline)?;
+                o.coll = Coll::from_name(&v).ok_or_else(|| bad("collective", &v))?;
+            }
+            "--dtype" | "-d" => {
+                let v = a.value(&name, inline)?;
+                o.dt = DataType::from_name(&v).ok_or_else(|| bad("data type", &v))?;
+            }
+            "--redop" | "-o" => {
+                let v = a.value(&name, inline)?;
+                o.op = reduce_op(&v).ok_or_else(|| bad("reduce op", &v))?;
+            }
+            "-b" | "--minbytes" => o.min_bytes = args::bytes(&name, &a.value(&name, inline)?)?,
+            "-e" | "--maxbytes" => o.max_bytes = args::bytes(&name, &a.value(&name, inline)?)?,
+            "-f" | "--stepfactor" => o.step_factor = args::number(&name, &a.value(&name, inline)?)?,
+            "-w" | "--warmup" => o.warmup = args::number(&name, &a.value(&name, inline)?)?,
+            "-n" | "--iters" => o.iters = args::number(&name, &a.value(&name, inline)?)?,
+            "--root" | "-r" => o.root = args::number(&name, &a.value(&name, inline)?)?,
+            _ => return Err(UsageError(format!("unknown option {name}"))),
+        }
+    }
+    if let Some(extra) = a.rest().first() {
+        return Err(UsageError(format!("unexpected argument {extra:?}")));
+    }
+    if o.min_bytes == 0 || o.min_bytes > o.max_bytes {
+        return Err(UsageError(format!(
+            "sizes must satisfy 0 < minbytes ({}) <= maxbytes ({})",
+            o.min_bytes, o.max_bytes
+        )));
+    }
+    if o.step_factor < 2 {
+        return Err(UsageError("the step factor must be at least 2".into()));
+    }
+    if o.iters == 0 {
+        return Err(UsageError("at least one timed iteration (-n) is needed".into()));
+    }
+    Ok(Invocation::Run(o))
+}
+
+/// The sizes of the sweep: min, min*f, min*f^2, ... up to max.
+pub fn sizes(min: u64, max: u64, factor: u64) -> Vec<u64> {
+    let mut out = Vec::new();
+    let mut s = min;
+    while s <= max {
+        out.push(s);
+        match s.checked_mul(factor) {
+            Some(next) if next > s => s = next,
+            _ => break,
+        }
+    }
+    out
+}
+
+/// hccn-perf's entry point; returns the process exit code.
+pub fn main() -> i32 {
+    match parse(Args::from_env()) {
+        Ok(Invocation::Help) => {
+            let _ = io::stdout().write_all(USAGE.as_bytes());
+            0
+        }
+        Err(e) => {
+            let first = USAGE.lines().next().unwrap_or_default();
+            let _ = writeln!(io::stderr(), "hccn-perf: {e}\n{first}\n(hccn-perf --help for more)");
+            2
+        }
+        Ok(Invocation::Run(o)) => match run(&o) {
+            Ok(true) => 0,
+            Ok(false) => 1,
+            Err(msg) => {
+                let _ = writeln!(io::stderr(), "hccn-perf: {msg}");
+                1
+            }
+        },
+    }
+}
+
+/// A table line on stdout, flushed so that a long sweep shows progress.
+fn emit(line: &str) {
+    let mut out = io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+}
+
+fn barrier(comm: &Communicator) -> hccn_runtime::Result<()> {
+    // SAFETY: a barrier touches no caller memory.
+    unsafe { comm.submit(Op::Barrier, None) }
+}
+
+/// The largest `x` over all ranks, so that every rank reports the slowest rank's time.
+fn max_over_ranks(comm: &Communicator, x: f64) -> hccn_runtime::Result<f64> {
+    let mut out = 0f64;
+    let op = Op::AllReduce {
+        send: Ptr::from_const(&x),
+        recv: Ptr::from_mut(&mut out),
+        count: 1,
+        dt: DataType::Fp64,
+        op: ReduceOp::Max,
+    };
+    // SAFETY: both are live f64 locals for the whole blocking call (no stream).
+    unsafe { comm.submit(op, None)? };
+    Ok(out)
+}
+
+fn sum_over_ranks(comm: &Communicator, x: u64) -> hccn_runtime::Result<u64> {
+    let mut out = 0u64;
+    let op = Op::AllReduce {
+        send: Ptr::from_const(&x),
+        recv: Ptr::from_mut(&mut out),
+        count: 1,
+        dt: DataType::Uint64,
+        op: ReduceOp::Sum,
+    };
+    // SAFETY: both are live u64 locals for the whole blocking call (no stream).
+    unsafe { comm.submit(op, None)? };
+    Ok(out)
+}
+
+/// The buffers of one size step and the operation over them.
+struct Step {
+    send: Vec<u8>,
+    recv: Vec<u8>,
+    layout: Layout,
+}
+
+impl Step {
+    fn new(o: &Options, layout: Layout, checker: &Checker) -> Result<Step, String> {
+        let es = o.dt.size();
+        let alloc = |elems: u64| {
+            usize::try_from(elems)
+                .ok()
+                .and_then(|e| e.checked_mul(es))
+                .map(|b| vec![0u8; b])
+                .ok_or_else(|| format!("{} bytes do not fit in memory", layout.bytes))
+        };
+        let mut step = Step { send: alloc(layout.send_elems)?, recv: alloc(layout.recv_elems)?, layout };
+        checker.fill(&mut step.send);
+        if o.coll == Coll::Broadcast {
+            // Broadcast works in place: the root's buffer is the source.
+            checker.fill(&mut step.recv);
+        }
+        Ok(step)
+    }
+
+    fn run(&mut self, o: &Options, comm: &Communicator) -> hccn_runtime::Result<()> {
+        let send = Ptr::from_const(self.send.as_ptr());
+        let recv = Ptr::from_mut(self.recv.as_mut_ptr());
+        let (count, dt, op, root) = (self.layout.count, o.dt, o.op, o.root);
+        let op = match o.coll {
+            Coll::AllReduce => Op::AllReduce { send, recv, count, dt, op },
+            Coll::Reduce => Op::Reduce { send, recv, count, dt, op, root },
+            Coll::Broadcast => Op::Broadcast { buf: recv, count, dt, root },
+            Coll::AllGather => Op::AllGather { send, recv, send_count: count, dt },
+            Coll::ReduceScatter => Op::ReduceScatter { send, recv, recv_count: count, dt, op },
+            Coll::AllToAll => Op::AllToAll { send, recv, count_per_rank: count, dt },
+        };
+        // SAFETY: `send` and `recv` are owned by `self`, sized by `Coll::layout` for exactly
+        // this op and count, and outlive the call, which blocks until done (no stream).
+        unsafe { comm.submit(op, None) }
+    }
+}
+
+fn header(o: &Options, nranks: u32) -> Vec<String> {
+    vec![
+        format!(
+            "# hccn-perf  op: {}  dtype: {}  redop: {}  root: {}  nranks: {nranks}",
+            o.coll.name(),
+            o.dt.name(),
+            if o.coll.reduces() { o.op.name() } else { "none" },
+            if o.coll.rooted() { o.root.to_string() } else { "-".into() },
+        ),
+        format!(
+            "# minBytes: {}  maxBytes: {}  step: {}(factor)  warmup iters: {}  iters: {}  validation: {}",
+            o.min_bytes,
+            o.max_bytes,
+            o.step_factor,
+            o.warmup,
+            o.iters,
+            u8::from(o.check)
+        ),
+        "#".into(),
+        format!(
+            "#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>10}  {:>8}  {:>8}  {:>7}",
+            "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong"
+        ),
+        format!(
+            "#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>10}  {:>8}  {:>8}  {:>7}",
+            "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", ""
+        )
+        .trim_end()
+        .to_owned(),
+    ]
+}
+
+/// Runs the sweep; `Ok(false)` when some result was wrong.
+fn run(o: &Options) -> Result<bool, String> {
+    let cfg = Config::from_env().map_err(|e| e.to_string())?;
+    hccn_runtime::log::init(&cfg);
+    let env = LaunchEnv::from_env().map_err(|e| e.to_string())?;
+    let me = env.rank;
+    let comm = Communicator::init_from_env(&env, &cfg).map_err(|e| format!("rank {me}: cannot join the job: {e}"))?;
+    let n = comm.size();
+    if o.coll.rooted() && o.root >= n {
+        return Err(format!("--root {} is not a rank of this {n}-rank job", o.root));
+    }
+    let failed = |what: String| move |e: hccn_runtime::Error| format!("rank {me}: {what} failed: {e}");
+    let checker = Checker::new(o.coll, o.dt, o.op, me, n, o.root);
+    if me == 0 {
+        header(o, n).iter().for_each(|l| emit(l));
+    }
+    let started = Instant::now();
+    let (mut busbw_sum, mut rows, mut total_wrong) = (0.0, 0u32, 0u64);
+    for size in sizes(o.min_bytes, o.max_bytes, o.step_factor) {
+        let Some(layout) = o.coll.layout(size, o.dt.size() as u64, n) else { continue };
+        let what = format!("{} of {} bytes", o.coll.name(), layout.bytes);
+        let mut step = Step::new(o, layout, &checker).map_err(|e| format!("rank {me}: {what}: {e}"))?;
+        for _ in 0..o.warmup {
+            step.run(o, &comm).map_err(failed(what.clone()))?;
+        }
+        barrier(&comm).map_err(failed(format!("barrier before {what}")))?;
+        let t0 = Instant::now();
+        for _ in 0..o.iters {
+            step.run(o, &comm).map_err(failed(what.clone()))?;
+        }
+        let local_us = t0.elapsed().as_secs_f64() * 1e6 / f64::from(o.iters);
+        let us = max_over_ranks(&comm, local_us).map_err(failed("time reduction".into()))?;
+        let wrong = if o.check {
+            let mine = checker.wrong(&step.recv, layout.count as usize);
+            Some(sum_over_ranks(&comm, mine).map_err(failed("wrong-count reduction".into()))?)
+        } else {
+            None
+        };
+        total_wrong += wrong.unwrap_or(0);
+        let algbw = layout.bytes as f64 / (us * 1e3);
+        let busbw = algbw * o.coll.bus_factor(n);
+        busbw_sum += busbw;
+        rows += 1;
+        if me == 0 {
+            emit(&format!(
+                "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}  {:>10.2}  {:>8.2}  {:>8.2}  {:>7}",
+                layout.bytes,
+                layout.count,
+                o.dt.name(),
+                if o.coll.reduces() { o.op.name() } else { "none" },
+                if o.coll.rooted() { i64::from(o.root) } else { -1 },
+                us,
+                algbw,
+                busbw,
+                wrong.map_or("N/A".into(), |w| w.to_string()),
+            ));
+            if started.elapsed() > Duration::from_secs(1) {
+                let _ = writeln!(io::stderr(), "hccn-perf: {} bytes done", layout.bytes);
+            }
+        }
+    }
+    if me == 0 {
+        if o.check {
+            emit(&format!("# Wrong elements       : {total_wrong} {}", if total_wrong == 0 { "OK" } else { "FAILED" }));
+        }
+        let avg = if rows > 0 { busbw_sum / f64::from(rows) } else { 0.0 };
+        emit(&format!("# Avg bus bandwidth    : {avg:.4}"));
+        emit("#");
+    }
+    if total_wrong > 0 && me == 0 {
+        let _ = writeln!(io::stderr(), "hccn-perf: {total_wrong} wrong elements");
+    }
+    Ok(total_wrong == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sweep_sizes() {
+        assert_eq!(sizes(8, 128, 4), vec![8, 32, 128]);
+        assert_eq!(sizes(8, 100, 2), vec![8, 16, 32, 64]);
+        assert_eq!(sizes(5, 5, 2), vec![5]);
+        assert_eq!(sizes(u64::MAX / 2, u64::MAX, 4), vec![u64::MAX / 2]);
+    }
+
+    #[test]
+    fn layouts_follow_nccl_tests() {
+        let l = |c: Coll, size| c.layout(size, 4, 4);
+        assert_eq!(l(Coll::AllReduce, 100), Some(Layout { count: 25, send_elems: 25, recv_elems: 25, bytes: 100 }));
+        assert_eq!(l(Coll::AllGather, 100), Some(Layout { count: 6, send_elems: 6, recv_elems: 24, bytes: 96 }));
+        assert_eq!(l(Coll::ReduceScatter, 64), Some(Layout { count: 4, send_elems: 16, recv_elems: 4, bytes: 64 }));
+        assert_eq!(l(Coll::AllToAll, 64), Some(Layout { count: 4, send_elems: 16, recv_elems: 16, bytes: 64 }));
+        assert_eq!(l(Coll::Broadcast, 8), Some(Layout { count: 2, send_elems: 0, recv_elems: 2, bytes: 8 }));
+        assert_eq!(l(Coll::AllGather, 8), None, "8 bytes is not one fp32 per rank of 4");
+        assert_eq!(l(Coll::Reduce, 3), None);
+        assert!((Coll::AllReduce.bus_factor(4) - 1.5).abs() < 1e-12);
+        assert!((Coll::AllGather.bus_factor(4) - 0.75).abs() < 1e-12);
+    }
+
+    #[test]
+    fn parses_options() {
+        let p = |a: &[&str]| parse(Args::new(a.iter().copied()));
+        let Ok(Invocation::Run(o)) =
+            p(&["--op", "reduce_scatter", "--dtype=bf16", "-b", "8", "-e", "64M", "-f", "4", "-c"])
+        else {
+            panic!("not parsed")
+        };
+        assert_eq!(
+            (o.coll, o.dt, o.min_bytes, o.max_bytes, o.step_factor, o.check),
+            (Coll::ReduceScatter, DataType::Bf16, 8, 64 << 20, 4, true)
+        );
+        assert_eq!(Coll::from_name("all_reduce"), Some(Coll::AllReduce));
+        assert_eq!(Coll::from_name("AllToAll"), Some(Coll::AllToAll));
+        assert!(p(&["--op", "scan"]).is_err());
+        assert!(p(&["-b", "1M", "-e", "1K"]).is_err());
+        assert!(p(&["-f", "1"]).is_err());
+        assert!(p(&["-n", "0"]).is_err());
+        assert!(p(&["stray"]).is_err());
+        assert_eq!(p(&["-h"]), Ok(Invocation::Help));
+    }
+}

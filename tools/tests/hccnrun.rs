@@ -1,0 +1,332 @@
+//! hccnrun end to end: real ranks (small shell programs and hccn-perf), real signals. Every test
+//! has a hard time limit, after which hccnrun is stopped (and with it its ranks) before failing.
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+const HCCNRUN: &str = env!("CARGO_BIN_EXE_hccnrun");
+const PERF: &str = env!("CARGO_BIN_EXE_hccn-perf");
+
+/// A running hccnrun whose stdout arrives line by line.
+struct Job {
+    child: Child,
+    started: Instant,
+    lines: Receiver<String>,
+    stdout: Vec<String>,
+    out_thread: Option<JoinHandle<()>>,
+    err_thread: Option<JoinHandle<String>>,
+}
+
+/// How a job ended.
+#[derive(Debug)]
+struct Finished {
+    status: ExitStatus,
+    elapsed: Duration,
+    stdout: String,
+    stderr: String,
+}
+
+impl Job {
+    fn start(args: &[&str], env: &[(&str, &str)]) -> Job {
+        let mut cmd = Command::new(HCCNRUN);
+        cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        // The outer environment must not leak into what the tests expect.
+        for var in ["HCCN_JOB_ID", "HCCN_BIND_ADDR", "HCCN_RANK", "HCCN_STORE"] {
+            cmd.env_remove(var);
+        }
+        cmd.envs(env.iter().copied());
+        let mut child = cmd.spawn().expect("start hccnrun");
+        let out = child.stdout.take().expect("stdout pipe");
+        let mut err = child.stderr.take().expect("stderr pipe");
+        let (tx, lines) = mpsc::channel();
+        let out_thread = std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let err_thread = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            s
+        });
+        Job {
+            child,
+            started: Instant::now(),
+            lines,
+            stdout: Vec::new(),
+            out_thread: Some(out_thread),
+            err_thread: Some(err_thread),
+        }
+    }
+
+    /// Collects stdout until `enough` holds for the lines so far; false on timeout.
+    fn wait_for(&mut self, limit: Duration, enough: impl Fn(&[String]) -> bool) -> bool {
+        let deadline = Instant::now() + limit;
+        while !enough(&self.stdout) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => self.stdout.push(line),
+                Err(_) => return false,
+            }
+        }
+        true
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: a plain kill(2) of our own, not yet reaped, child.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+
+    /// Waits for hccnrun to exit, at most `limit` from its start; past that it is stopped (its
+    /// ranks with it) and the test fails.
+    fn finish(mut self, limit: Duration) -> Finished {
+        let deadline = self.started + limit;
+        let mut timed_out = false;
+        let status = loop {
+            if let Some(s) = self.child.try_wait().expect("poll hccnrun") {
+                break s;
+            }
+            if Instant::now() >= deadline && !timed_out {
+                timed_out = true;
+                self.signal(libc::SIGTERM);
+            }
+            if Instant::now() >= deadline + Duration::from_secs(5) {
+                let _ = self.child.kill();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let elapsed = self.started.elapsed();
+        if let Some(t) = self.out_thread.take() {
+            let _ = t.join();
+        }
+        self.stdout.extend(self.lines.try_iter());
+        let stderr = self.err_thread.take().and_then(|t| t.join().ok()).unwrap_or_default();
+        let stdout = self.stdout.iter().map(|l| format!("{l}\n")).collect();
+        let f = Finished { status, elapsed, stdout, stderr };
+        assert!(!timed_out, "hccnrun ran past the test's limit of {limit:?}: {f:#?}");
+        f
+    }
+}
+
+fn run(args: &[&str], limit: Duration) -> Finished {
+    Job::start(args, &[]).finish(limit)
+}
+
+/// True while `pid` names a live (not zombie) process.
+fn alive(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // The state follows the parenthesised command name, which may itself contain spaces.
+    let state = stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next());
+    !matches!(state, None | Some('Z') | Some('X'))
+}
+
+/// Pids that ranks printed as `[r] pid N`.
+fn printed_pids(stdout: &str) -> Vec<u32> {
+    stdout.lines().filter_map(|l| l.split_once("] pid ").and_then(|(_, p)| p.trim().parse().ok())).collect()
+}
+
+/// Waits up to a few seconds for processes to vanish (init reaps re-parented ones).
+fn all_gone(pids: &[u32]) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while pids.iter().any(|&p| alive(p)) {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+#[test]
+fn prefixes_output_and_gives_each_rank_its_environment() {
+    let script = r#"echo hello $HCCN_RANK
+echo "env $HCCN_RANK $HCCN_WORLD_SIZE $HCCN_LOCAL_RANK $HCCN_LOCAL_WORLD_SIZE $HCCN_STORE $HCCN_JOB_ID $HCCN_JOB_TOKEN"
+echo "oops $HCCN_RANK" >&2
+printf "partial $HCCN_RANK""#;
+    let f = run(&["-n", "3", "sh", "-c", script], Duration::from_secs(30));
+    assert!(f.status.success(), "{f:#?}");
+    let mut stores = HashSet::new();
+    let mut jobs = HashSet::new();
+    let mut tokens = HashSet::new();
+    for r in 0..3 {
+        for want in [format!("[{r}] hello {r}"), format!("[{r}] partial {r}")] {
+            assert!(f.stdout.lines().any(|l| l == want), "no {want:?} in {f:#?}");
+        }
+        assert!(f.stderr.lines().any(|l| l == format!("[{r}] oops {r}")), "{f:#?}");
+        let env = f.stdout.lines().find_map(|l| l.strip_prefix(&format!("[{r}] env "))).expect("env line");
+        let v: Vec<&str> = env.split(' ').collect();
+        assert_eq!(v.len(), 7, "{env}");
+        assert_eq!(&v[..4], &[r.to_string().as_str(), "3", r.to_string().as_str(), "3"], "{env}");
+        assert!(v[4].starts_with("tcp://127.0.0.1:"), "{env}");
+        assert!(v[5].starts_with("job-") && v[5].len() == 12, "{env}");
+        assert!(v[6].len() == 64 && v[6].chars().all(|c| c.is_ascii_hexdigit()), "{env}");
+        stores.insert(v[4].to_owned());
+        jobs.insert(v[5].to_owned());
+        tokens.insert(v[6].to_owned());
+    }
+    assert_eq!((stores.len(), jobs.len(), tokens.len()), (1, 1, 1), "one store, job and token per job");
+
+    let f = Job::start(&["-n", "2", "sh", "-c", "echo id $HCCN_JOB_ID"], &[("HCCN_JOB_ID", "mine")])
+        .finish(Duration::from_secs(30));
+    assert!(f.stdout.contains("[0] id mine") && f.stdout.contains("[1] id mine"), "{f:#?}");
+}
+
+#[test]
+fn a_failing_rank_stops_the_others_after_the_grace_period() {
+    let script = r#"if [ "$HCCN_RANK" = 1 ]; then sleep 1; exit 3; fi
+echo pid $$
+exec sleep 30"#;
+    let f = run(&["-n", "3", "--grace", "1", "sh", "-c", script], Duration::from_secs(20));
+    assert_eq!(f.status.code(), Some(3), "{f:#?}");
+    assert!(f.stderr.contains("rank 1 (pid") && f.stderr.contains("exited with code 3"), "{f:#?}");
+    assert!(f.elapsed >= Duration::from_millis(1900), "the others got their grace period: {f:#?}");
+    assert!(f.elapsed < Duration::from_secs(9), "{f:#?}");
+    let pids = printed_pids(&f.stdout);
+    assert_eq!(pids.len(), 2, "{f:#?}");
+    assert!(all_gone(&pids), "sleepers {pids:?} survived: {f:#?}");
+}
+
+#[test]
+fn a_rank_killed_by_a_signal_sets_128_plus_the_signal() {
+    let script = r#"if [ "$HCCN_RANK" = 0 ]; then kill -9 $$; fi; exit 0"#;
+    let f = run(&["-n", "2", "sh", "-c", script], Duration::from_secs(20));
+    assert_eq!(f.status.code(), Some(137), "{f:#?}");
+    assert!(f.stderr.contains("rank 0 (pid") && f.stderr.contains("killed by signal 9 (SIGKILL)"), "{f:#?}");
+}
+
+#[test]
+fn the_job_time_limit_stops_everything() {
+    let f = run(&["-n", "2", "--timeout", "1", "sh", "-c", "echo pid $$; exec sleep 30"], Duration::from_secs(20));
+    assert_eq!(f.status.code(), Some(124), "{f:#?}");
+    assert!(f.stderr.contains("hccnrun: timeout after 1 s, stopping ranks"), "{f:#?}");
+    assert!(f.elapsed < Duration::from_secs(6), "{f:#?}");
+    assert!(all_gone(&printed_pids(&f.stdout)), "{f:#?}");
+}
+
+#[test]
+fn sigterm_to_hccnrun_reaches_the_ranks() {
+    let mut job = Job::start(&["-n", "2", "sh", "-c", "echo pid $$; exec sleep 30"], &[]);
+    let both = job.wait_for(Duration::from_secs(15), |l| l.iter().filter(|l| l.contains("] pid ")).count() == 2);
+    job.signal(libc::SIGTERM);
+    let f = job.finish(Duration::from_secs(25));
+    assert!(both, "ranks did not start: {f:#?}");
+    assert_eq!(f.status.code(), Some(128 + libc::SIGTERM), "{f:#?}");
+    assert!(f.stderr.contains("received SIGTERM"), "{f:#?}");
+    assert!(all_gone(&printed_pids(&f.stdout)), "{f:#?}");
+}
+
+#[test]
+fn what_a_rank_leaves_running_does_not_outlive_it() {
+    // The background sleep holds the rank's stdout open: without the clean-up hccnrun would wait.
+    let f = run(&["-n", "2", "sh", "-c", "sleep 30 & echo pid $!"], Duration::from_secs(20));
+    assert!(f.status.success(), "{f:#?}");
+    assert!(f.elapsed < Duration::from_secs(5), "{f:#?}");
+    let pids = printed_pids(&f.stdout);
+    assert_eq!(pids.len(), 2, "{f:#?}");
+    assert!(all_gone(&pids), "{f:#?}");
+}
+
+#[test]
+fn usage_help_and_missing_programs() {
+    let f = run(&["--help"], Duration::from_secs(10));
+    assert!(f.status.success() && f.stdout.contains("usage: hccnrun -n N"), "{f:#?}");
+    for bad in [&["sh"][..], &["-n", "0", "sh"], &["-n", "2"], &["-n", "2", "--frobnicate", "sh"]] {
+        let f = run(bad, Duration::from_secs(10));
+        assert_eq!(f.status.code(), Some(2), "{bad:?}: {f:#?}");
+        assert!(f.stderr.contains("usage: hccnrun"), "{f:#?}");
+    }
+    let f = run(&["-n", "2", "/nonexistent/program"], Duration::from_secs(10));
+    assert_eq!(f.status.code(), Some(127), "{f:#?}");
+    assert!(f.stderr.contains("cannot start rank 0"), "{f:#?}");
+}
+
+/// Checks an hccn-perf table: header present, at least `min_rows` rows, `#wrong` all 0.
+fn assert_clean_table(f: &Finished, min_rows: usize) {
+    assert!(f.status.success(), "{f:#?}");
+    let table: Vec<&str> = f.stdout.lines().filter_map(|l| l.strip_prefix("[0] ")).collect();
+    assert!(table.iter().any(|l| l.starts_with('#') && l.contains("busbw") && l.contains("#wrong")), "{f:#?}");
+    assert!(table.iter().any(|l| l.starts_with("# Avg bus bandwidth")), "{f:#?}");
+    let rows: Vec<&str> = table.iter().copied().filter(|l| !l.starts_with('#')).collect();
+    assert!(rows.len() >= min_rows, "{f:#?}");
+    for row in rows {
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cols.len(), 9, "{row}");
+        assert_eq!(cols[8], "0", "wrong elements in {row:?}: {f:#?}");
+    }
+    assert!(!f.stdout.lines().any(|l| l.starts_with("[1] ")), "only rank 0 prints: {f:#?}");
+}
+
+#[test]
+fn perf_allreduce_checks_clean() {
+    let args = [
+        "-n",
+        "2",
+        "--timeout",
+        "100",
+        PERF,
+        "--op",
+        "allreduce",
+        "-b",
+        "8",
+        "-e",
+        "1M",
+        "-f",
+        "4",
+        "-c",
+        "-w",
+        "1",
+        "-n",
+        "2",
+    ];
+    let f = run(&args, Duration::from_secs(120));
+    // 8, 32, ... 512K bytes: nine sizes.
+    assert_clean_table(&f, 9);
+}
+
+#[test]
+fn perf_every_collective_checks_clean_on_three_ranks() {
+    for (op, dtype, redop) in [
+        ("allgather", "fp16", "sum"),
+        ("reduce_scatter", "bf16", "max"),
+        ("broadcast", "int8", "sum"),
+        ("reduce", "fp64", "prod"),
+        ("alltoall", "int32", "sum"),
+        ("allreduce", "uint8", "avg"),
+    ] {
+        let args = [
+            "-n",
+            "3",
+            "--timeout",
+            "100",
+            PERF,
+            "--op",
+            op,
+            "--dtype",
+            dtype,
+            "--redop",
+            redop,
+            "--root",
+            "2",
+            "-b",
+            "8",
+            "-e",
+            "256K",
+            "-f",
+            "8",
+            "-c",
+            "-w",
+            "1",
+            "-n",
+            "2",
+        ];
+        let f = run(&args, Duration::from_secs(120));
+        assert_clean_table(&f, 4);
+    }
+}
