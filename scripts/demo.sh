@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-cargo build --release --workspace --bins
+cargo build --release --workspace
 exec target/release/hccnrun -n "${RANKS:-4}" -- target/release/hccn-perf --op allreduce --dtype fp32 -b 8 -e 64M -f 4 -c

@@ -10,6 +10,6 @@ cargo fmt --all -- --check
 echo "== clippy"
 cargo clippy --release --workspace --all-targets -- -D warnings
 echo "== build (libhccn.so, libhccn.a, hccnrun, hccn-perf, test programs)"
-cargo build --release --workspace --bins
+cargo build --release --workspace
 echo "== tests"
 cargo test --release --workspace -- --test-threads=2

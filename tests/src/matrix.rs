@@ -173,10 +173,11 @@ fn data_movement(c: &dyn Coll, rep: &mut Report, dt: DataType, count: usize) {
             rep.expect(name("gather", Some(root)), dt, &recv, &want);
         }
         // scatter: block p of the root's buffer goes to rank p
-        let send: Vec<u8> = if me == root { fill(dt, sum, root, 0, count * nu) } else { Vec::new() };
+        // Non-roots pass a buffer the library must not read (poisoned with the sentinel).
+        let send: Vec<u8> =
+            if me == root { fill(dt, sum, root, 0, count * nu) } else { vec![SENTINEL; count * es * nu] };
         let mut recv = vec![SENTINEL; count * es];
-        let sp = if me == root { p(&send) } else { Ptr::null() };
-        let r = exec(c, Op::Scatter { send: sp, recv: pm(&mut recv), recv_count: cnt, dt, root });
+        let r = exec(c, Op::Scatter { send: p(&send), recv: pm(&mut recv), recv_count: cnt, dt, root });
         if rep.call(name("scatter", Some(root)), r) {
             rep.expect(name("scatter", Some(root)), dt, &recv, &fill(dt, sum, root, me as usize * count, count));
         }

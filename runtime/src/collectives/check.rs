@@ -110,8 +110,10 @@ pub(crate) fn validate(op: &Op, shape: &Shape, p2p_seq: &mut dyn FnMut(bool, u32
             rank_arg(*root, "root", name, size)?;
             let bytes = dt.bytes(*count)?;
             need(*send, bytes, "sendbuf", name)?;
+            // Checked on every rank although only the root's is used: a verdict that differed
+            // between ranks would start the collective on some of them only.
+            need(*recv, bytes, "recvbuf", name)?;
             if rank == *root {
-                need(*recv, bytes, "recvbuf (on the root)", name)?;
                 let (s, r) = (range(*send, bytes, "sendbuf", name)?, range(*recv, bytes, "recvbuf", name)?);
                 disjoint_or_in_place(&s, &r, Some(r.start), "sendbuf and recvbuf", name)?;
             }
@@ -161,8 +163,8 @@ pub(crate) fn validate(op: &Op, shape: &Shape, p2p_seq: &mut dyn FnMut(bool, u32
             let bytes = dt.bytes(*send_count)?;
             let total = times(bytes, size, name)?;
             need(*send, bytes, "sendbuf", name)?;
+            need(*recv, total, "recvbuf", name)?;
             if rank == *root {
-                need(*recv, total, "recvbuf (on the root)", name)?;
                 let (s, r) = (range(*send, bytes, "sendbuf", name)?, range(*recv, total, "recvbuf", name)?);
                 disjoint_or_in_place(&s, &r, Some(r.start + rank as usize * bytes), "sendbuf and recvbuf", name)?;
             }
@@ -179,8 +181,8 @@ pub(crate) fn validate(op: &Op, shape: &Shape, p2p_seq: &mut dyn FnMut(bool, u32
             let bytes = dt.bytes(*recv_count)?;
             let total = times(bytes, size, name)?;
             need(*recv, bytes, "recvbuf", name)?;
+            need(*send, total, "sendbuf", name)?;
             if rank == *root {
-                need(*send, total, "sendbuf (on the root)", name)?;
                 let (s, r) = (range(*send, total, "sendbuf", name)?, range(*recv, bytes, "recvbuf", name)?);
                 disjoint_or_in_place(&r, &s, Some(s.start + rank as usize * bytes), "recvbuf and sendbuf", name)?;
             }
@@ -266,6 +268,8 @@ mod tests {
             ),
             (Op::Broadcast { buf: p(4096), count: 1, dt, root: 4 }, 0, InvalidArgument),
             (Op::Reduce { send: p(4096), recv: Ptr::null(), count: 1, dt, op: ReduceOp::Max, root: 0 }, 0, NullPointer),
+            (Op::Reduce { send: p(4096), recv: Ptr::null(), count: 1, dt, op: ReduceOp::Max, root: 0 }, 1, NullPointer),
+            (Op::Scatter { send: Ptr::null(), recv: p(4096), recv_count: 1, dt, root: 0 }, 2, NullPointer),
             (Op::AllGather { send: p(4100), recv: p(4096), send_count: 1, dt }, 0, InvalidArgument),
             (Op::AllToAll { send: p(4096), recv: p(4096), count_per_rank: 1, dt }, 0, InvalidArgument),
             (Op::Send { buf: p(4096), count: 1, dt, peer: 9 }, 0, InvalidArgument),
@@ -303,7 +307,7 @@ mod tests {
     fn in_place_forms_and_count_zero_are_accepted() {
         let dt = DataType::Int32;
         assert!(check(Op::AllReduce { send: p(4096), recv: p(4096), count: 8, dt, op: ReduceOp::Sum }, 0, 4).is_ok());
-        assert!(check(Op::AllGather { send: p(4096 + 2 * 8), recv: p(4096), send_count: 2, dt }, 1, 4).is_ok());
+        assert!(check(Op::AllGather { send: p(4096 + 2 * 8), recv: p(4096), send_count: 2, dt }, 2, 4).is_ok());
         assert!(check(
             Op::ReduceScatter { send: p(4096), recv: p(4096 + 3 * 8), recv_count: 2, dt, op: ReduceOp::Sum },
             3,
