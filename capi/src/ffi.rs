@@ -65,6 +65,13 @@ impl<T> Table<T> {
             .ok_or_else(|| Error::invalid(format!("{arg} is not a live {} (destroyed, or never created)", self.kind)))
     }
 
+    /// Calls `f` on every live object, unless another thread holds the table (at exit).
+    pub fn try_for_each(&self, f: impl Fn(&T)) {
+        if let Ok(g) = self.map.try_lock() {
+            g.iter().flat_map(|m| m.values()).for_each(|v| f(v));
+        }
+    }
+
     pub fn remove<P>(&self, handle: *const P, arg: &str) -> Result<Arc<T>> {
         if handle.is_null() {
             return Err(Error::null(format!("{arg} is NULL")));

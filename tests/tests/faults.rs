@@ -80,3 +80,10 @@ fn a_rank_that_never_joins_is_a_timeout_not_a_hang() {
     let ms = ms.unwrap_or_else(|| panic!("no DEADLINE line: {}", out.describe()));
     assert!((600..2500).contains(&ms), "timeout after {ms} ms with HCCN_TIMEOUT_MS=700");
 }
+
+#[test]
+fn a_rank_that_exits_without_destroy_is_not_a_failure() {
+    let out = launch::hccnrun(2, &faults(), &["early-exit"], &[], Duration::from_secs(60));
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    assert!(out.stdout.contains("[1] LATE_BROADCAST ok=true"), "{}", out.describe());
+}

@@ -42,3 +42,26 @@ fn matrix_on_threads_world_sizes_1_to_5() {
         }
     }
 }
+
+#[test]
+fn abort_wakes_an_operation_blocked_on_a_stream() {
+    use hccn_runtime::{ErrorKind, Op, Ptr, Stream};
+    let comms = world(2, &Config { timeout: Duration::from_secs(60), ..Config::default() });
+    let stream = Stream::new().expect("stream");
+    let mut buf = vec![0u8; 64];
+    // Rank 1 never sends, so this receive can only end by the abort.
+    let op = Op::Recv { buf: Ptr::from_mut(buf.as_mut_ptr()), count: 64, dt: hccn_runtime::DataType::Uint8, peer: 1 };
+    // SAFETY: `buf` outlives the stream's work (synchronized below).
+    unsafe { comms[0].submit(op, Some(&stream)) }.expect("enqueue");
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(stream.query().ok(), Some(false), "the receive should still be pending");
+    let t = std::time::Instant::now();
+    comms[0].abort();
+    let e = stream.synchronize().err().map(|e| e.kind());
+    assert_eq!(e, Some(ErrorKind::Aborted));
+    assert!(t.elapsed() < Duration::from_secs(2), "abort took {:?}", t.elapsed());
+    // Later operations fail at once too, and the error is sticky on the stream.
+    // SAFETY: a barrier has no buffers.
+    let later = unsafe { comms[0].submit(Op::Barrier, None) }.err().map(|e| e.kind());
+    assert_eq!(later, Some(ErrorKind::Aborted));
+}

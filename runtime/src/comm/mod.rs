@@ -134,6 +134,14 @@ impl CommInner {
     }
 }
 
+impl Drop for CommInner {
+    fn drop(&mut self) {
+        // Frames that arrive later for this id stay until the connections close; that is
+        // bounded by what peers send before they notice.
+        self.net.inbox.purge(self.id);
+    }
+}
+
 impl Communicator {
     fn from_inner(inner: CommInner) -> Self {
         Communicator { inner: Arc::new(inner) }
@@ -172,6 +180,12 @@ impl Communicator {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+
+    /// Tells the peers that this process is exiting on purpose (it will not send again), so
+    /// that they finish what they can instead of seeing a failed rank. For exit hooks.
+    pub fn farewell(&self) {
+        self.inner.net.farewell();
     }
 
     /// Fails every pending and later operation on this communicator with `Aborted`; when the

@@ -20,6 +20,8 @@ pub(crate) trait Link: Send + Sync {
     fn send(&self, hdr: &FrameHeader, payload: &[u8]) -> std::io::Result<()>;
     /// Closes the connection; `graceful` says goodbye first so the peer does not see a failure.
     fn close(&self, graceful: bool);
+    /// Says goodbye without closing (the process is exiting); skipped if a send is in progress.
+    fn farewell(&self);
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -76,6 +78,11 @@ impl Inbox {
     pub fn mark_departed(&self, rank: u32) {
         self.lock().departed.insert(rank);
         self.changed.notify_all();
+    }
+
+    /// Drops frames queued for a communicator that no longer exists here.
+    pub fn purge(&self, comm_id: u64) {
+        self.lock().queues.retain(|k, _| k.comm_id != comm_id);
     }
 
     /// Wakes every waiter so it re-checks its communicator's state (abort, revoke).
@@ -170,6 +177,13 @@ impl Net {
         self.inbox.mark_failed(peer, format!("refused: {reason}"));
         if let Some(Some(link)) = self.links.get(peer as usize) {
             link.close(false);
+        }
+    }
+
+    /// Tells every peer this process is leaving on purpose, so they do not see a failure.
+    pub fn farewell(&self) {
+        if self.graceful.load(std::sync::atomic::Ordering::SeqCst) {
+            self.links.iter().flatten().for_each(|l| l.farewell());
         }
     }
 

@@ -65,8 +65,7 @@ impl Link for TcpLink {
         self.closing.store(true, Ordering::SeqCst);
         let sock = self.writer.lock().unwrap_or_else(|p| p.into_inner());
         if graceful {
-            let bye = FrameHeader { kind: FrameKind::Goodbye, comm_id: 0, epoch: 0, seq: 0, tag: 0, len: 0 };
-            let _ = send_all(&sock, &bye.encode());
+            let _ = send_all(&sock, &GOODBYE.encode());
         }
         let _ = sock.shutdown(Shutdown::Both);
         drop(sock);
@@ -75,7 +74,17 @@ impl Link for TcpLink {
         }
         tracing::debug!(peer = self.peer, graceful, "link closed");
     }
+
+    fn farewell(&self) {
+        // A frame half-written by another thread must not be interleaved with ours.
+        if let Ok(sock) = self.writer.try_lock() {
+            let _ = send_all(&sock, &GOODBYE.encode());
+            let _ = sock.shutdown(Shutdown::Write);
+        }
+    }
 }
+
+const GOODBYE: FrameHeader = FrameHeader { kind: FrameKind::Goodbye, comm_id: 0, epoch: 0, seq: 0, tag: 0, len: 0 };
 
 fn lost(e: &std::io::Error) -> String {
     if e.kind() == std::io::ErrorKind::UnexpectedEof {

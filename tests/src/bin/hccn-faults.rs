@@ -6,6 +6,8 @@
 //! - `intruder`: while the job runs verified allreduces, rank 0 starts a process with the wrong
 //!   job token, which must be refused with HCCN_ERROR_AUTH.
 //! - `deadline`: rank 1 never joins an allreduce; rank 0 must get HCCN_ERROR_TIMEOUT.
+//! - `early-exit`: rank 0 broadcasts and calls exit() without destroying its communicator; rank 1
+//!   joins the broadcast later and must still get the data (an exit is not a failure).
 
 use std::ffi::c_void;
 use std::process::ExitCode;
@@ -159,6 +161,26 @@ fn deadline(c: &CComm) -> ExitCode {
     }
 }
 
+fn early_exit(c: &CComm) -> ExitCode {
+    let mut buf: Vec<f32> = if c.rank() == 0 { (0..1000).map(|i| i as f32).collect() } else { vec![0.0; 1000] };
+    if c.rank() != 0 {
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // SAFETY: a live buffer of 1000 floats for the blocking call.
+    let r = check(unsafe { hccn_broadcast(buf.as_mut_ptr().cast(), 1000, FP32, 0, c.comm, std::ptr::null_mut()) });
+    if c.rank() == 0 {
+        // exit() runs atexit hooks but no destructors: the communicator is never destroyed.
+        std::process::exit(if r.is_ok() { 0 } else { 1 });
+    }
+    let good = r.is_ok() && buf.iter().enumerate().all(|(i, v)| *v == i as f32);
+    println!("LATE_BROADCAST ok={good} result={:?}", r.err());
+    if good {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
 fn main() -> ExitCode {
     let mode = std::env::args().nth(1).unwrap_or_default();
     if mode == "intruder-child" {
@@ -175,6 +197,7 @@ fn main() -> ExitCode {
         "kill" => kill(&comm),
         "intruder" => intruder(&comm),
         "deadline" => deadline(&comm),
+        "early-exit" => early_exit(&comm),
         other => {
             eprintln!("unknown mode {other:?}");
             ExitCode::from(2)
