@@ -262,6 +262,22 @@ hccn_result hccn_comm_failed_ranks(const struct hccn_comm *comm,
                                    uint32_t capacity,
                                    uint32_t *count);
 
+/*
+ Every member's pending and later operations on `comm` fail with HCCN_ERROR_REVOKED.
+ */
+hccn_result hccn_comm_revoke(struct hccn_comm *comm);
+
+/*
+ The communicator's epoch: 0 when created, +1 for each shrink.
+ */
+hccn_result hccn_comm_epoch(const struct hccn_comm *comm, uint64_t *epoch);
+
+/*
+ Called by every survivor: agrees on the failed set in band and returns a communicator of the
+ survivors at the next epoch (dense ranks in old-rank order). `comm` stays valid (destroy it).
+ */
+hccn_result hccn_comm_shrink(struct hccn_comm *comm, struct hccn_comm **newcomm);
+
 hccn_result hccn_stream_create(struct hccn_stream **stream);
 
 /*

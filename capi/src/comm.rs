@@ -183,3 +183,34 @@ pub unsafe extern "C" fn hccn_comm_failed_ranks(
         ok()
     })
 }
+
+/// Every member's pending and later operations on `comm` fail with HCCN_ERROR_REVOKED.
+#[no_mangle]
+pub unsafe extern "C" fn hccn_comm_revoke(comm: *mut hccn_comm) -> hccn_result {
+    guard(|| {
+        COMMS.get(comm, "comm")?.revoke();
+        ok()
+    })
+}
+
+/// The communicator's epoch: 0 when created, +1 for each shrink.
+#[no_mangle]
+pub unsafe extern "C" fn hccn_comm_epoch(comm: *const hccn_comm, epoch: *mut u64) -> hccn_result {
+    guard(|| {
+        let out = out_ptr(epoch, "epoch")?;
+        write(out, COMMS.get(comm, "comm")?.epoch());
+        ok()
+    })
+}
+
+/// Called by every survivor: agrees on the failed set in band and returns a communicator of the
+/// survivors at the next epoch (dense ranks in old-rank order). `comm` stays valid (destroy it).
+#[no_mangle]
+pub unsafe extern "C" fn hccn_comm_shrink(comm: *mut hccn_comm, newcomm: *mut *mut hccn_comm) -> hccn_result {
+    guard(|| {
+        let out = out_ptr(newcomm, "newcomm")?;
+        let c = COMMS.get(comm, "comm")?;
+        register(out, c.shrink()?);
+        ok()
+    })
+}

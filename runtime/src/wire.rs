@@ -18,6 +18,10 @@ pub enum FrameKind {
     P2p = 2,
     /// The sender is closing the connection on purpose (not a failure).
     Goodbye = 3,
+    /// Agreement among survivors (shrink); `seq` numbers the shrink, `tag` its coordinator.
+    Agree = 4,
+    /// The sender revoked communicator `comm_id`: every operation on it must fail.
+    Revoke = 5,
 }
 
 impl FrameKind {
@@ -26,6 +30,8 @@ impl FrameKind {
             1 => Some(FrameKind::Collective),
             2 => Some(FrameKind::P2p),
             3 => Some(FrameKind::Goodbye),
+            4 => Some(FrameKind::Agree),
+            5 => Some(FrameKind::Revoke),
             _ => None,
         }
     }

@@ -80,7 +80,7 @@ impl<'a> Ctx<'a> {
             .comm
             .net
             .inbox
-            .take(key, self.comm.timeout, &|failed| self.comm.status(failed))
+            .take(key, self.comm.timeout, &|health| self.comm.status(health))
             .map_err(|e| self.comm.translate(e))?;
         let h = frame.hdr;
         if h.epoch != self.comm.epoch {

@@ -63,7 +63,7 @@ impl Communicator {
         let net = tcp::connect_mesh(rank, size, store, prefix, id, token, cfg)?;
         let members = (0..size).collect();
         let comm =
-            Communicator::from_inner(CommInner::new(Arc::new(net), id, rank, members, cfg.timeout, cfg.chunk_bytes));
+            Communicator::from_inner(CommInner::new(Arc::new(net), id, 0, rank, members, cfg.timeout, cfg.chunk_bytes));
         tracing::info!(rank, size, prefix, "communicator ready");
         Ok(comm)
     }

@@ -1,10 +1,14 @@
 //! Communicators: a set of ranks over a shared [`Net`], with their own id, sequence numbers
 //! and failure state. Groups and splits are new communicators over the parent's connections.
 
+mod agree;
 mod group;
 mod init;
+mod shrink;
 
 use std::collections::{BTreeMap, HashMap};
+
+use crate::transport::Health;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -34,6 +38,7 @@ pub(crate) struct CommInner {
     p2p_seq: Mutex<(Vec<u64>, Vec<u64>)>,
     group_seq: Mutex<HashMap<Vec<u32>, u64>>,
     split_seq: AtomicU64,
+    shrink_seq: AtomicU64,
     aborted: AtomicBool,
     async_error: Mutex<Option<Error>>,
 }
@@ -67,12 +72,20 @@ pub(crate) fn derive_id(parts: &[&[u8]]) -> u64 {
 }
 
 impl CommInner {
-    fn new(net: Arc<Net>, id: u64, rank: u32, members: Vec<u32>, timeout: Duration, chunk_bytes: usize) -> Self {
+    fn new(
+        net: Arc<Net>,
+        id: u64,
+        epoch: u64,
+        rank: u32,
+        members: Vec<u32>,
+        timeout: Duration,
+        chunk_bytes: usize,
+    ) -> Self {
         let n = members.len();
         CommInner {
             net,
             id,
-            epoch: 0,
+            epoch,
             rank,
             members,
             timeout,
@@ -81,6 +94,7 @@ impl CommInner {
             p2p_seq: Mutex::new((vec![0; n], vec![0; n])),
             group_seq: Mutex::new(HashMap::new()),
             split_seq: AtomicU64::new(0),
+            shrink_seq: AtomicU64::new(0),
             aborted: AtomicBool::new(false),
             async_error: Mutex::new(None),
         }
@@ -91,12 +105,15 @@ impl CommInner {
         self.members.iter().enumerate().filter_map(|(r, w)| failed.get(w).map(|why| (r as u32, why.clone()))).collect()
     }
 
-    /// The error every operation gets now, if any (aborted, or a member failed).
-    pub fn status(&self, failed: &BTreeMap<u32, String>) -> Option<Error> {
+    /// The error every operation gets now, if any (aborted, revoked, or a member failed).
+    pub fn status(&self, health: &Health<'_>) -> Option<Error> {
         if self.aborted.load(Ordering::SeqCst) {
             return Some(Error::new(ErrorKind::Aborted, "the communicator was aborted"));
         }
-        let dead = self.failed_members(failed);
+        if health.revoked.contains(&self.id) {
+            return Some(Error::new(ErrorKind::Revoked, "the communicator was revoked; shrink or destroy it"));
+        }
+        let dead = self.failed_members(health.failed);
         if dead.is_empty() {
             return None;
         }
@@ -105,8 +122,13 @@ impl CommInner {
         Some(Error::rank_failed(ranks, format!("communicator member failed ({})", detail.join("; "))))
     }
 
+    /// Members known to have failed now, in communicator ranks.
+    fn failed_now(&self) -> Vec<u32> {
+        self.failed_members(&self.net.inbox.failed()).into_iter().map(|(r, _)| r).collect()
+    }
+
     fn check_state(&self) -> Result<()> {
-        match self.status(&self.net.inbox.failed()) {
+        match self.net.inbox.health(|h| self.status(h)) {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -115,7 +137,7 @@ impl CommInner {
     /// Rewrites transport errors in this communicator's terms and remembers the first one.
     pub fn translate(&self, e: Error) -> Error {
         let e = match e.kind() {
-            ErrorKind::RankFailed => self.status(&self.net.inbox.failed()).unwrap_or(e),
+            ErrorKind::RankFailed => self.net.inbox.health(|h| self.status(h)).unwrap_or(e),
             _ => e,
         };
         let mut slot = self.async_error.lock().unwrap_or_else(|p| p.into_inner());

@@ -7,7 +7,7 @@
 
 pub(crate) mod tcp;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -45,6 +45,14 @@ struct InboxState {
     failed: BTreeMap<u32, String>,
     /// World ranks that closed their side on purpose.
     departed: BTreeSet<u32>,
+    /// Communicators revoked here or by a peer.
+    revoked: HashSet<u64>,
+}
+
+/// What a waiter may consult to decide that its wait is over.
+pub(crate) struct Health<'a> {
+    pub failed: &'a BTreeMap<u32, String>,
+    pub revoked: &'a HashSet<u64>,
 }
 
 /// Frames that have arrived but not yet been received, and what is known of peers' health.
@@ -75,6 +83,11 @@ impl Inbox {
         self.changed.notify_all();
     }
 
+    pub fn revoke(&self, comm_id: u64) {
+        self.lock().revoked.insert(comm_id);
+        self.changed.notify_all();
+    }
+
     pub fn mark_departed(&self, rank: u32) {
         self.lock().departed.insert(rank);
         self.changed.notify_all();
@@ -95,14 +108,51 @@ impl Inbox {
         self.lock().failed.clone()
     }
 
+    /// How many peers have failed so far.
+    pub fn failed_count(&self) -> usize {
+        self.lock().failed.len()
+    }
+
+    /// Runs `f` on the current health (failed peers, revoked communicators).
+    pub fn health<R>(&self, f: impl FnOnce(&Health<'_>) -> R) -> R {
+        let st = self.lock();
+        f(&Health { failed: &st.failed, revoked: &st.revoked })
+    }
+
+    /// The next frame of `kind` for (`comm_id`, `seq`) from any sender. Returns `None` after
+    /// `wait`, or as soon as more than `planned_with` peers have failed (the count the caller
+    /// planned with), so the caller can re-plan.
+    pub fn take_any(
+        &self,
+        kind: FrameKind,
+        comm_id: u64,
+        seq: u64,
+        planned_with: usize,
+        wait: Duration,
+    ) -> Option<(u32, Frame)> {
+        let deadline = Instant::now() + wait;
+        let mut st = self.lock();
+        loop {
+            let key = st.queues.keys().find(|k| k.kind == kind && k.comm_id == comm_id && k.seq == seq).copied();
+            if let Some(key) = key {
+                let q = st.queues.get_mut(&key)?;
+                let f = q.pop_front();
+                if q.is_empty() {
+                    st.queues.remove(&key);
+                }
+                return f.map(|f| (key.src, f));
+            }
+            let now = Instant::now();
+            if now >= deadline || st.failed.len() != planned_with {
+                return None;
+            }
+            st = self.changed.wait_timeout(st, deadline - now).map(|(g, _)| g).unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
+
     /// Waits for the next frame under `key`. Before each sleep `status` may end the wait with the
     /// communicator's error (aborted, a member failed); the wait never outlasts `timeout`.
-    pub fn take(
-        &self,
-        key: Key,
-        timeout: Duration,
-        status: &dyn Fn(&BTreeMap<u32, String>) -> Option<Error>,
-    ) -> Result<Frame> {
+    pub fn take(&self, key: Key, timeout: Duration, status: &dyn Fn(&Health<'_>) -> Option<Error>) -> Result<Frame> {
         let deadline = Instant::now() + timeout;
         let mut st = self.lock();
         loop {
@@ -114,7 +164,7 @@ impl Inbox {
                     return Ok(f);
                 }
             }
-            if let Some(e) = status(&st.failed) {
+            if let Some(e) = status(&Health { failed: &st.failed, revoked: &st.revoked }) {
                 return Err(e);
             }
             if st.departed.contains(&key.src) {

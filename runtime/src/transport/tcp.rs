@@ -104,9 +104,17 @@ fn reader_loop(mut sock: TcpStream, peer: u32, inbox: Arc<Inbox>, closing: Arc<A
             Ok(h) => h,
             Err(e) => break format!("refused a frame and closed the connection: {e}"),
         };
-        if hdr.kind == FrameKind::Goodbye {
-            inbox.mark_departed(peer);
-            return;
+        match hdr.kind {
+            FrameKind::Goodbye => {
+                inbox.mark_departed(peer);
+                return;
+            }
+            FrameKind::Revoke if hdr.len == 0 => {
+                inbox.revoke(hdr.comm_id);
+                continue;
+            }
+            FrameKind::Revoke => break format!("refused a revoke frame carrying {} bytes", hdr.len),
+            _ => {}
         }
         // Read into reserved capacity: zero-filling first would touch every byte twice.
         let len = hdr.len as usize;

@@ -6,6 +6,12 @@
 //! - `intruder`: while the job runs verified allreduces, rank 0 starts a process with the wrong
 //!   job token, which must be refused with HCCN_ERROR_AUTH.
 //! - `deadline`: rank 1 never joins an allreduce; rank 0 must get HCCN_ERROR_TIMEOUT.
+//! - `shrink VICTIM`: rank VICTIM SIGKILLs itself mid-allreduce; survivors get RANK_FAILED naming
+//!   it, shrink, and run exact allreduces on the new communicator (epoch 1, dense ranks).
+//! - `chaos DELAY_US`: rank 3 dies mid-allreduce, then rank 0 dies DELAY_US into its shrink; the
+//!   survivors shrink again while the result has a failed member, and end with 2 exact ranks.
+//! - `revoke`: rank 1 revokes the world; everyone's next allreduce fails with REVOKED; all shrink
+//!   (nobody failed) and go on at epoch 1.
 //! - `early-exit`: rank 0 broadcasts and calls exit() without destroying its communicator; rank 1
 //!   joins the broadcast later and must still get the data (an exit is not a failure).
 
@@ -161,6 +167,174 @@ fn deadline(c: &CComm) -> ExitCode {
     }
 }
 
+/// Exact allreduces on `c`: rank r contributes (j % 5) + r, so element j is n*(j%5) + n(n-1)/2.
+fn verified_allreduces(c: &CComm, rounds: usize) -> Result<(), String> {
+    let (me, n) = (c.rank(), c.size());
+    let send: Vec<f32> = (0..10_000).map(|j| (j % 5) as f32 + me as f32).collect();
+    let mut recv = vec![0f32; send.len()];
+    for _ in 0..rounds {
+        allreduce(c, &send, &mut recv).map_err(|(code, msg)| format!("allreduce returned {code}: {msg}"))?;
+        let bad =
+            recv.iter().enumerate().filter(|(j, v)| **v != (n * (*j as u32 % 5) + n * (n - 1) / 2) as f32).count();
+        if bad > 0 {
+            return Err(format!("{bad} wrong elements"));
+        }
+    }
+    Ok(())
+}
+
+fn shrink_comm(c: &CComm) -> Result<CComm, (u32, String)> {
+    let mut out = std::ptr::null_mut();
+    // SAFETY: valid handle and out pointer.
+    check(unsafe { hccn_comm_shrink(c.comm, &mut out) })?;
+    Ok(CComm { comm: out })
+}
+
+fn epoch(c: &CComm) -> u64 {
+    let mut e = u64::MAX;
+    // SAFETY: valid handle and out pointer.
+    unsafe { hccn_comm_epoch(c.comm, &mut e) };
+    e
+}
+
+fn shrink_after_kill(c: &CComm, victim: u32) -> ExitCode {
+    let (me, n) = (c.rank(), c.size());
+    let send = vec![1.0f32; 4 << 20];
+    let mut recv = vec![0.0f32; 4 << 20];
+    if me == victim {
+        std::thread::spawn(|| {
+            std::thread::sleep(Duration::from_millis(200));
+            println!("KILL_AT {}", now_ms());
+            // SAFETY: raising a signal at ourselves.
+            unsafe { libc::raise(libc::SIGKILL) };
+        });
+    }
+    let mut err = None;
+    for _ in 0..10_000 {
+        if let Err(e) = allreduce(c, &send, &mut recv) {
+            err = Some(e);
+            break;
+        }
+    }
+    let Some((code, _)) = err else {
+        println!("NO_ERROR");
+        return ExitCode::FAILURE;
+    };
+    println!("ERROR_AT {} code={code} failed={:?}", now_ms(), failed_ranks(c));
+    let t = std::time::Instant::now();
+    let small = match shrink_comm(c) {
+        Ok(s) => s,
+        Err((code, msg)) => {
+            println!("SHRINK_FAILED code={code} msg={msg}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let shrink_ms = t.elapsed().as_millis();
+    let expected_rank = if me > victim { me - 1 } else { me };
+    let result = verified_allreduces(&small, 20);
+    println!(
+        "SHRUNK rank={} size={} epoch={} in_ms={shrink_ms} result={result:?}",
+        small.rank(),
+        small.size(),
+        epoch(&small)
+    );
+    let good = small.size() == n - 1 && small.rank() == expected_rank && epoch(&small) == 1 && result.is_ok();
+    if good {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn chaos(c: &CComm, delay_us: u64) -> ExitCode {
+    let me = c.rank();
+    let send = vec![1.0f32; 1 << 20];
+    let mut recv = vec![0.0f32; 1 << 20];
+    if me == 3 {
+        std::thread::spawn(|| {
+            std::thread::sleep(Duration::from_millis(100));
+            // SAFETY: raising a signal at ourselves.
+            unsafe { libc::raise(libc::SIGKILL) };
+        });
+    }
+    while allreduce(c, &send, &mut recv).is_ok() {}
+    if me == 0 {
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_micros(delay_us));
+            // SAFETY: raising a signal at ourselves.
+            unsafe { libc::raise(libc::SIGKILL) };
+        });
+        // Rank 0 dies during its shrink or right after it, never later.
+        let _ = shrink_comm(c);
+        std::thread::sleep(Duration::from_secs(30));
+        return ExitCode::FAILURE;
+    }
+    // Shrink until a communicator works: one that still holds a rank which died during the
+    // agreement fails its first operation, and the survivors shrink again.
+    let mut current = match shrink_comm(c) {
+        Ok(s) => s,
+        Err((code, msg)) => {
+            println!("SHRINK_FAILED code={code} msg={msg}");
+            return ExitCode::FAILURE;
+        }
+    };
+    for _ in 0..3 {
+        match verified_allreduces(&current, 5) {
+            Ok(()) => {
+                println!("SETTLED rank={} size={} epoch={}", current.rank(), current.size(), epoch(&current));
+                return if current.size() == 2 { ExitCode::SUCCESS } else { ExitCode::FAILURE };
+            }
+            Err(e) => println!("RETRY epoch={} size={} after {e}", epoch(&current), current.size()),
+        }
+        current = match shrink_comm(&current) {
+            Ok(s) => s,
+            Err((code, msg)) => {
+                println!("SHRINK_FAILED code={code} msg={msg}");
+                return ExitCode::FAILURE;
+            }
+        };
+    }
+    println!("NOT_SETTLED");
+    ExitCode::FAILURE
+}
+
+fn revoke_then_shrink(c: &CComm) -> ExitCode {
+    let send = [1.0f32; 64];
+    let mut recv = [0f32; 64];
+    for _ in 0..3 {
+        let _ = allreduce(c, &send, &mut recv);
+    }
+    if c.rank() == 1 {
+        // SAFETY: valid handle.
+        let r = unsafe { hccn_comm_revoke(c.comm) };
+        println!("REVOKE returned {r}");
+    }
+    // Whatever a rank is doing when the revoke arrives fails with REVOKED: the allreduce it
+    // may still be finishing, or the next one.
+    let mut code = None;
+    for _ in 0..2 {
+        if let Err((c, _)) = allreduce(c, &send, &mut recv) {
+            code = Some(c);
+            break;
+        }
+    }
+    println!("AFTER_REVOKE code={code:?}");
+    let small = match shrink_comm(c) {
+        Ok(s) => s,
+        Err((code, msg)) => {
+            println!("SHRINK_FAILED code={code} msg={msg}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = verified_allreduces(&small, 5);
+    println!("SHRUNK size={} epoch={} result={result:?}", small.size(), epoch(&small));
+    if code == Some(101) && small.size() == c.size() && epoch(&small) == 1 && result.is_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
 fn early_exit(c: &CComm) -> ExitCode {
     let mut buf: Vec<f32> = if c.rank() == 0 { (0..1000).map(|i| i as f32).collect() } else { vec![0.0; 1000] };
     if c.rank() != 0 {
@@ -198,6 +372,12 @@ fn main() -> ExitCode {
         "intruder" => intruder(&comm),
         "deadline" => deadline(&comm),
         "early-exit" => early_exit(&comm),
+        "shrink" => {
+            let victim = std::env::args().nth(2).and_then(|v| v.parse().ok()).unwrap_or(0);
+            shrink_after_kill(&comm, victim)
+        }
+        "revoke" => revoke_then_shrink(&comm),
+        "chaos" => chaos(&comm, std::env::args().nth(2).and_then(|v| v.parse().ok()).unwrap_or(0)),
         other => {
             eprintln!("unknown mode {other:?}");
             ExitCode::from(2)

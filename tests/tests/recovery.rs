@@ -1,0 +1,97 @@
+//! Recovery in real processes: after a SIGKILL the survivors agree in band, shrink to a working
+//! communicator at the next epoch and reduce exactly; revoke makes everyone's operations fail
+//! and shrink recovers.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use hccn_tests::launch;
+
+fn faults() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_hccn-faults"))
+}
+
+fn shrink_after_killing(n: u32, victim: u32) {
+    let out = launch::hccnrun(
+        n,
+        &faults(),
+        &["shrink", &victim.to_string()],
+        &[("HCCN_TIMEOUT_MS", "20000")],
+        Duration::from_secs(120),
+    );
+    assert_eq!(out.code, Some(137), "the victim's SIGKILL is hccnrun's result: {}", out.describe());
+    for r in (0..n).filter(|&r| r != victim) {
+        let err = out.stdout.lines().find(|l| l.starts_with(&format!("[{r}] ERROR_AT"))).unwrap_or_default();
+        assert!(
+            err.contains(&format!("code=100 failed=[{victim}]")),
+            "rank {r} error line {err:?}: {}",
+            out.describe()
+        );
+        let new_rank = if r > victim { r - 1 } else { r };
+        let want = format!("[{r}] SHRUNK rank={new_rank} size={} epoch=1", n - 1);
+        let line = out
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(&want))
+            .unwrap_or_else(|| panic!("rank {r}: no {want:?}: {}", out.describe()));
+        assert!(line.ends_with("result=Ok(())"), "rank {r}: {line}");
+    }
+}
+
+#[test]
+fn survivors_shrink_after_the_last_rank_dies() {
+    shrink_after_killing(4, 3);
+}
+
+#[test]
+fn survivors_shrink_after_rank_0_dies() {
+    // Rank 0 would have coordinated the agreement: the next live rank takes over.
+    shrink_after_killing(4, 0);
+}
+
+#[test]
+fn survivors_shrink_after_a_middle_rank_dies_in_a_world_of_5() {
+    shrink_after_killing(5, 2);
+}
+
+#[test]
+fn revoke_fails_everyone_then_shrink_recovers() {
+    let out = launch::hccnrun(3, &faults(), &["revoke"], &[], Duration::from_secs(60));
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    for r in 0..3 {
+        assert!(out.stdout.contains(&format!("[{r}] AFTER_REVOKE code=Some(101)")), "{}", out.describe());
+        assert!(out.stdout.contains(&format!("[{r}] SHRUNK size=3 epoch=1 result=Ok(())")), "{}", out.describe());
+    }
+}
+
+#[test]
+fn a_coordinator_that_dies_during_the_shrink_does_not_split_the_survivors() {
+    for delay_us in [0u64, 200, 1000, 3000] {
+        let out = launch::hccnrun(
+            4,
+            &faults(),
+            &["chaos", &delay_us.to_string()],
+            &[("HCCN_TIMEOUT_MS", "10000")],
+            Duration::from_secs(120),
+        );
+        let settled: Vec<&str> = out.stdout.lines().filter(|l| l.contains("SETTLED")).collect();
+        assert_eq!(settled.len(), 2, "delay {delay_us} us: two survivors must settle: {}", out.describe());
+        assert!(
+            settled.iter().any(|l| l.starts_with("[1] SETTLED rank=0 size=2")),
+            "delay {delay_us} us: {}",
+            out.describe()
+        );
+        assert!(
+            settled.iter().any(|l| l.starts_with("[2] SETTLED rank=1 size=2")),
+            "delay {delay_us} us: {}",
+            out.describe()
+        );
+        let epochs: Vec<&str> = settled.iter().filter_map(|l| l.split("epoch=").nth(1)).collect();
+        assert_eq!(
+            epochs[0],
+            epochs[1],
+            "delay {delay_us} us: survivors settled at different epochs: {}",
+            out.describe()
+        );
+    }
+}
