@@ -26,6 +26,8 @@ pub const VARIABLES: &[Variable] = &[
     Variable { name: "HCCN_TIMEOUT_MS", default: "`30000`", meaning: "Deadline of every wait (connect, rendezvous, each receive); exceeded waits fail with `HCCN_ERROR_TIMEOUT`. Like `HCCL_EXEC_TIMEOUT`, in ms." },
     Variable { name: "HCCN_BIND_ADDR", default: "`127.0.0.1`", meaning: "Address that ranks and the embedded store listen on (never all interfaces unless asked)." },
     Variable { name: "HCCN_CHUNK_BYTES", default: "`524288`", meaning: "Pipeline chunk size of the ring and tree algorithms (4 KiB .. 8 MiB)." },
+    Variable { name: "HCCN_HEARTBEAT_MS", default: "`100`", meaning: "Interval of the heartbeat each rank sends on every connection; `0` turns heartbeats (and silence detection) off." },
+    Variable { name: "HCCN_DEAD_AFTER_MS", default: "`1000`", meaning: "A peer silent this long (no frame, no heartbeat, nothing waiting in its socket) is declared failed: a frozen process or a cut link. Raise it where ranks may stall longer without being dead (dead versus slow)." },
     Variable { name: "HCCN_LOG", default: "`warn`", meaning: "Log filter (`error`, `warn`, `info`, `debug`, `trace`, or tracing's `target=level` list); logs go to stderr." },
 ];
 
@@ -39,6 +41,10 @@ pub struct Config {
     pub timeout: Duration,
     pub bind_addr: IpAddr,
     pub chunk_bytes: usize,
+    /// Heartbeat interval; zero disables heartbeats and silence detection.
+    pub heartbeat: Duration,
+    /// Silence after which a peer is declared failed.
+    pub dead_after: Duration,
     pub log: String,
     /// `HCCN_JOB_ID` when set (the launcher keeps a given job name).
     pub job_id: Option<String>,
@@ -62,6 +68,8 @@ impl Default for Config {
             timeout: Duration::from_millis(30_000),
             bind_addr: IpAddr::from([127, 0, 0, 1]),
             chunk_bytes: 512 << 10,
+            heartbeat: Duration::from_millis(100),
+            dead_after: Duration::from_millis(1000),
             log: "warn".to_owned(),
             job_id: None,
         }
@@ -99,6 +107,19 @@ impl Config {
                 )));
             }
             c.chunk_bytes = b;
+        }
+        if let Some(v) = get("HCCN_HEARTBEAT_MS") {
+            c.heartbeat = Duration::from_millis(parse("HCCN_HEARTBEAT_MS", &v, "a number of milliseconds")?);
+        }
+        if let Some(v) = get("HCCN_DEAD_AFTER_MS") {
+            c.dead_after = Duration::from_millis(parse("HCCN_DEAD_AFTER_MS", &v, "a number of milliseconds")?);
+        }
+        if !c.heartbeat.is_zero() && c.dead_after < 2 * c.heartbeat {
+            return Err(Error::invalid(format!(
+                "HCCN_DEAD_AFTER_MS ({} ms) must be at least twice HCCN_HEARTBEAT_MS ({} ms)",
+                c.dead_after.as_millis(),
+                c.heartbeat.as_millis()
+            )));
         }
         if let Some(v) = get("HCCN_LOG") {
             c.log = v;

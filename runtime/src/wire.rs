@@ -22,6 +22,8 @@ pub enum FrameKind {
     Agree = 4,
     /// The sender revoked communicator `comm_id`: every operation on it must fail.
     Revoke = 5,
+    /// The sender is alive (sent every `HCCN_HEARTBEAT_MS`); no payload.
+    Heartbeat = 6,
 }
 
 impl FrameKind {
@@ -32,6 +34,7 @@ impl FrameKind {
             3 => Some(FrameKind::Goodbye),
             4 => Some(FrameKind::Agree),
             5 => Some(FrameKind::Revoke),
+            6 => Some(FrameKind::Heartbeat),
             _ => None,
         }
     }

@@ -95,3 +95,27 @@ fn a_coordinator_that_dies_during_the_shrink_does_not_split_the_survivors() {
         );
     }
 }
+
+#[test]
+fn a_frozen_rank_is_declared_failed_within_about_a_second() {
+    let out = launch::hccnrun(3, &faults(), &["freeze"], &[], Duration::from_secs(120));
+    assert_eq!(out.code, Some(137), "the frozen rank is killed at the end: {}", out.describe());
+    let at = |r: u32, word: &str| -> u128 {
+        let prefix = format!("[{r}] {word} ");
+        let line = out
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("no {prefix:?}: {}", out.describe()));
+        line.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or(0)
+    };
+    let frozen_at = at(2, "FREEZE_AT");
+    for r in 0..2 {
+        let line = out.stdout.lines().find(|l| l.starts_with(&format!("[{r}] ERROR_AT"))).unwrap_or_default();
+        assert!(line.contains("code=100 failed=[2]"), "rank {r}: {line}");
+        let after = at(r, "ERROR_AT").saturating_sub(frozen_at);
+        // HCCN_DEAD_AFTER_MS is 1000 by default; allow scheduling slack on a loaded machine.
+        assert!((900..2500).contains(&after), "rank {r} declared the frozen rank failed after {after} ms");
+        assert!(out.stdout.contains(&format!("[{r}] SHRUNK size=2 epoch=1 result=Ok(())")), "{}", out.describe());
+    }
+}

@@ -5,6 +5,7 @@
 //! A peer's connection ending without a goodbye marks it failed, and every wait of a
 //! communicator that contains it returns `RankFailed` at once.
 
+mod heartbeat;
 pub(crate) mod tcp;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
@@ -22,6 +23,12 @@ pub(crate) trait Link: Send + Sync {
     fn close(&self, graceful: bool);
     /// Says goodbye without closing (the process is exiting); skipped if a send is in progress.
     fn farewell(&self);
+    /// Sends a heartbeat unless that would wait (a busy link proves life by itself).
+    fn heartbeat(&self);
+    /// Time since the last frame arrived from the peer.
+    fn silent_for(&self) -> Duration;
+    /// True when bytes from the peer are waiting to be read (it spoke; we did not listen yet).
+    fn has_unread(&self) -> bool;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -189,14 +196,20 @@ impl Inbox {
 /// The links of one world of processes.
 pub(crate) struct Net {
     pub rank: u32,
-    links: Vec<Option<Box<dyn Link>>>,
+    links: Vec<Option<Arc<dyn Link>>>,
     pub inbox: Arc<Inbox>,
     graceful: std::sync::atomic::AtomicBool,
+    watchdog: Option<heartbeat::Watchdog>,
 }
 
 impl Net {
-    pub fn new(rank: u32, links: Vec<Option<Box<dyn Link>>>, inbox: Arc<Inbox>) -> Net {
-        Net { rank, links, inbox, graceful: std::sync::atomic::AtomicBool::new(true) }
+    /// Joins the links; with a heartbeat interval, a watchdog thread keeps them alive and
+    /// declares silent peers failed.
+    pub fn new(rank: u32, links: Vec<Option<Arc<dyn Link>>>, inbox: Arc<Inbox>, cfg: &crate::config::Config) -> Net {
+        let peers: Vec<(u32, Arc<dyn Link>)> =
+            links.iter().enumerate().filter_map(|(r, l)| l.clone().map(|l| (r as u32, l))).collect();
+        let watchdog = heartbeat::Watchdog::start(peers, inbox.clone(), cfg.heartbeat, cfg.dead_after);
+        Net { rank, links, inbox, graceful: std::sync::atomic::AtomicBool::new(true), watchdog }
     }
 
     /// Sends one frame to world rank `dst` (to itself through the inbox).
@@ -245,6 +258,8 @@ impl Net {
 
 impl Drop for Net {
     fn drop(&mut self) {
+        // Stop watching before the links close, or their closing would look like failures.
+        drop(self.watchdog.take());
         let graceful = self.graceful.load(std::sync::atomic::Ordering::SeqCst);
         for link in self.links.iter().flatten() {
             link.close(graceful);

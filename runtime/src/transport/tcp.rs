@@ -5,7 +5,7 @@
 use std::io::Read;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -22,9 +22,25 @@ const COALESCE_BYTES: usize = 64 << 10;
 
 struct TcpLink {
     peer: u32,
+    /// The socket's descriptor, for what must not wait for the writer lock (a sender may hold it
+    /// while blocked on a frozen peer): peeking, and the shutdown that unblocks that sender.
+    fd: std::os::fd::RawFd,
     writer: Mutex<TcpStream>,
     closing: Arc<AtomicBool>,
     reader: Mutex<Option<JoinHandle<()>>>,
+    heard: Arc<LastHeard>,
+}
+
+/// When the last frame arrived, as milliseconds since the link started.
+struct LastHeard {
+    start: Instant,
+    ms: AtomicU64,
+}
+
+impl LastHeard {
+    fn now(&self) {
+        self.ms.store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
 }
 
 fn send_all(sock: &TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
@@ -63,16 +79,40 @@ impl Link for TcpLink {
 
     fn close(&self, graceful: bool) {
         self.closing.store(true, Ordering::SeqCst);
-        let sock = self.writer.lock().unwrap_or_else(|p| p.into_inner());
         if graceful {
+            let sock = self.writer.lock().unwrap_or_else(|p| p.into_inner());
             let _ = send_all(&sock, &GOODBYE.encode());
         }
-        let _ = sock.shutdown(Shutdown::Both);
-        drop(sock);
+        // SAFETY: `fd` stays open as long as `writer` (owned by self) lives.
+        unsafe { libc::shutdown(self.fd, libc::SHUT_RDWR) };
         if let Some(t) = self.reader.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = t.join();
         }
         tracing::debug!(peer = self.peer, graceful, "link closed");
+    }
+
+    fn heartbeat(&self) {
+        if let Ok(sock) = self.writer.try_lock() {
+            let beat = FrameHeader { kind: FrameKind::Heartbeat, comm_id: 0, epoch: 0, seq: 0, tag: 0, len: 0 };
+            let b = beat.encode();
+            // Never wait: a full socket buffer means the peer has data to read from us already.
+            // SAFETY: `b` is a readable buffer of its length; the fd belongs to `sock`.
+            unsafe {
+                libc::send(sock.as_raw_fd(), b.as_ptr().cast(), b.len(), libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
+            };
+        }
+    }
+
+    fn silent_for(&self) -> Duration {
+        let last = Duration::from_millis(self.heard.ms.load(Ordering::Relaxed));
+        self.heard.start.elapsed().saturating_sub(last)
+    }
+
+    fn has_unread(&self) -> bool {
+        let mut b = [0u8; 1];
+        // SAFETY: peeks at most one byte into a local buffer; `fd` lives as long as self.
+        let n = unsafe { libc::recv(self.fd, b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+        n > 0
     }
 
     fn farewell(&self) {
@@ -94,12 +134,13 @@ fn lost(e: &std::io::Error) -> String {
     }
 }
 
-fn reader_loop(mut sock: TcpStream, peer: u32, inbox: Arc<Inbox>, closing: Arc<AtomicBool>) {
+fn reader_loop(mut sock: TcpStream, peer: u32, inbox: Arc<Inbox>, closing: Arc<AtomicBool>, heard: Arc<LastHeard>) {
     let reason = loop {
         let mut head = [0u8; HEADER_LEN];
         if let Err(e) = sock.read_exact(&mut head) {
             break lost(&e);
         }
+        heard.now();
         let hdr = match FrameHeader::decode(&head, MAX_CHUNK_BYTES) {
             Ok(h) => h,
             Err(e) => break format!("refused a frame and closed the connection: {e}"),
@@ -114,6 +155,8 @@ fn reader_loop(mut sock: TcpStream, peer: u32, inbox: Arc<Inbox>, closing: Arc<A
                 continue;
             }
             FrameKind::Revoke => break format!("refused a revoke frame carrying {} bytes", hdr.len),
+            FrameKind::Heartbeat if hdr.len == 0 => continue,
+            FrameKind::Heartbeat => break format!("refused a heartbeat carrying {} bytes", hdr.len),
             _ => {}
         }
         // Read into reserved capacity: zero-filling first would touch every byte twice.
@@ -124,6 +167,7 @@ fn reader_loop(mut sock: TcpStream, peer: u32, inbox: Arc<Inbox>, closing: Arc<A
             Ok(_) => break "connection closed inside a frame (the process exited or was killed)".to_owned(),
             Err(e) => break format!("inside a frame: {}", lost(&e)),
         }
+        heard.now();
         inbox.push(peer, Frame { hdr, payload });
     };
     if !closing.load(Ordering::SeqCst) {
@@ -132,19 +176,21 @@ fn reader_loop(mut sock: TcpStream, peer: u32, inbox: Arc<Inbox>, closing: Arc<A
     }
 }
 
-fn start_link(sock: TcpStream, peer: u32, inbox: &Arc<Inbox>, cfg: &Config) -> Result<Box<dyn Link>> {
+fn start_link(sock: TcpStream, peer: u32, inbox: &Arc<Inbox>, cfg: &Config) -> Result<Arc<dyn Link>> {
     let sys = |e: std::io::Error| Error::io(ErrorKind::System, format!("socket to world rank {peer}"), &e);
     sock.set_nodelay(true).map_err(sys)?;
     sock.set_read_timeout(None).map_err(sys)?;
     sock.set_write_timeout(Some(cfg.timeout)).map_err(sys)?;
     let rx = sock.try_clone().map_err(sys)?;
     let closing = Arc::new(AtomicBool::new(false));
-    let (inbox2, closing2) = (inbox.clone(), closing.clone());
+    let heard = Arc::new(LastHeard { start: Instant::now(), ms: AtomicU64::new(0) });
+    let (inbox2, closing2, heard2) = (inbox.clone(), closing.clone(), heard.clone());
     let reader = std::thread::Builder::new()
         .name(format!("hccn-rx-{peer}"))
-        .spawn(move || reader_loop(rx, peer, inbox2, closing2))
+        .spawn(move || reader_loop(rx, peer, inbox2, closing2, heard2))
         .map_err(sys)?;
-    Ok(Box::new(TcpLink { peer, writer: Mutex::new(sock), closing, reader: Mutex::new(Some(reader)) }))
+    let fd = sock.as_raw_fd();
+    Ok(Arc::new(TcpLink { peer, fd, writer: Mutex::new(sock), closing, reader: Mutex::new(Some(reader)), heard }))
 }
 
 /// The first bytes after the handshake: which mesh and which rank is calling.
@@ -271,9 +317,9 @@ pub(crate) fn connect_mesh(
         Ok(connected)
     })?;
 
-    let mut links: Vec<Option<Box<dyn Link>>> = (0..size).map(|_| None).collect();
+    let mut links: Vec<Option<Arc<dyn Link>>> = (0..size).map(|_| None).collect();
     for (peer, sock) in sockets {
         links[peer as usize] = Some(start_link(sock, peer, &inbox, cfg)?);
     }
-    Ok(Net::new(rank, links, inbox))
+    Ok(Net::new(rank, links, inbox, cfg))
 }

@@ -10,6 +10,8 @@
 //!   it, shrink, and run exact allreduces on the new communicator (epoch 1, dense ranks).
 //! - `chaos DELAY_US`: rank 3 dies mid-allreduce, then rank 0 dies DELAY_US into its shrink; the
 //!   survivors shrink again while the result has a failed member, and end with 2 exact ranks.
+//! - `freeze`: the last rank SIGSTOPs itself mid-allreduce; heartbeats must declare it failed
+//!   within about HCCN_DEAD_AFTER_MS; survivors shrink, reduce exactly, then kill the stopped rank.
 //! - `revoke`: rank 1 revokes the world; everyone's next allreduce fails with REVOKED; all shrink
 //!   (nobody failed) and go on at epoch 1.
 //! - `early-exit`: rank 0 broadcasts and calls exit() without destroying its communicator; rank 1
@@ -246,6 +248,63 @@ fn shrink_after_kill(c: &CComm, victim: u32) -> ExitCode {
     }
 }
 
+/// Kills this job's stopped ranks: siblings (same parent, hccnrun) in state T.
+fn kill_stopped_siblings() {
+    // SAFETY: getppid has no preconditions.
+    let parent = unsafe { libc::getppid() };
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        // pid (comm) state ppid ...: comm may hold spaces, so parse after the last ')'.
+        let fields: Vec<&str> =
+            stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
+        if fields.first() == Some(&"T") && fields.get(1).and_then(|p| p.parse::<i32>().ok()) == Some(parent) {
+            // SAFETY: signalling a process of our own job.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+fn freeze(c: &CComm) -> ExitCode {
+    let (me, n) = (c.rank(), c.size());
+    let victim = n - 1;
+    let send = vec![1.0f32; 1 << 20];
+    let mut recv = vec![0.0f32; 1 << 20];
+    if me == victim {
+        std::thread::spawn(|| {
+            std::thread::sleep(Duration::from_millis(300));
+            println!("FREEZE_AT {}", now_ms());
+            // SAFETY: raising a signal at ourselves.
+            unsafe { libc::raise(libc::SIGSTOP) };
+        });
+    }
+    let err = loop {
+        if let Err(e) = allreduce(c, &send, &mut recv) {
+            break e;
+        }
+    };
+    println!("ERROR_AT {} code={} failed={:?} msg={}", now_ms(), err.0, failed_ranks(c), err.1);
+    let small = match shrink_comm(c) {
+        Ok(s) => s,
+        Err((code, msg)) => {
+            println!("SHRINK_FAILED code={code} msg={msg}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = verified_allreduces(&small, 10);
+    println!("SHRUNK size={} epoch={} result={result:?}", small.size(), epoch(&small));
+    if small.rank() == 0 {
+        // SAFETY: a barrier has no buffers; both survivors are done before the frozen rank dies.
+        unsafe { hccn_barrier(small.comm, std::ptr::null_mut()) };
+        kill_stopped_siblings();
+    }
+    if err.0 == 100 && small.size() == n - 1 && result.is_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
 fn chaos(c: &CComm, delay_us: u64) -> ExitCode {
     let me = c.rank();
     let send = vec![1.0f32; 1 << 20];
@@ -377,6 +436,7 @@ fn main() -> ExitCode {
             shrink_after_kill(&comm, victim)
         }
         "revoke" => revoke_then_shrink(&comm),
+        "freeze" => freeze(&comm),
         "chaos" => chaos(&comm, std::env::args().nth(2).and_then(|v| v.parse().ok()).unwrap_or(0)),
         other => {
             eprintln!("unknown mode {other:?}");
