@@ -278,6 +278,15 @@ hccn_result hccn_comm_epoch(const struct hccn_comm *comm, uint64_t *epoch);
  */
 hccn_result hccn_comm_shrink(struct hccn_comm *comm, struct hccn_comm **newcomm);
 
+/*
+ Called by every survivor: shrink, then admit the ranks waiting to join (processes that called
+ `hccn_init_from_env` for this job after it formed), waiting up to `timeout_ms` for a first one
+ when none is queued. Joiners get the ranks after the survivors, at the next epoch.
+ */
+hccn_result hccn_comm_rebuild(struct hccn_comm *comm,
+                              uint32_t timeout_ms,
+                              struct hccn_comm **newcomm);
+
 hccn_result hccn_stream_create(struct hccn_stream **stream);
 
 /*

@@ -214,3 +214,20 @@ pub unsafe extern "C" fn hccn_comm_shrink(comm: *mut hccn_comm, newcomm: *mut *m
         ok()
     })
 }
+
+/// Called by every survivor: shrink, then admit the ranks waiting to join (processes that called
+/// `hccn_init_from_env` for this job after it formed), waiting up to `timeout_ms` for a first one
+/// when none is queued. Joiners get the ranks after the survivors, at the next epoch.
+#[no_mangle]
+pub unsafe extern "C" fn hccn_comm_rebuild(
+    comm: *mut hccn_comm,
+    timeout_ms: u32,
+    newcomm: *mut *mut hccn_comm,
+) -> hccn_result {
+    guard(|| {
+        let out = out_ptr(newcomm, "newcomm")?;
+        let c = COMMS.get(comm, "comm")?;
+        register(out, c.rebuild(std::time::Duration::from_millis(timeout_ms as u64))?);
+        ok()
+    })
+}

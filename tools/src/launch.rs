@@ -16,7 +16,8 @@ use hccn_runtime::{Config, StoreServer};
 use crate::args::{self, Args, UsageError};
 
 pub const USAGE: &str = "\
-usage: hccnrun -n N [--timeout SECONDS] [--grace SECONDS] [--] PROGRAM [ARGS...]
+usage: hccnrun -n N [--timeout SECONDS] [--grace SECONDS]
+               [--elastic [--min-ranks M] [--max-restarts K]] [--] PROGRAM [ARGS...]
 
 Starts N ranks of PROGRAM on this host around an embedded rendezvous store. Each rank gets
 HCCN_RANK, HCCN_WORLD_SIZE, HCCN_LOCAL_RANK, HCCN_LOCAL_WORLD_SIZE, HCCN_STORE, HCCN_JOB_ID and
@@ -26,6 +27,12 @@ HCCN_JOB_TOKEN; its stdout and stderr lines are prefixed with \"[rank] \". Stdin
   --timeout SECONDS    stop the job and exit 124 when it runs longer
   --grace SECONDS      after a rank fails, how long the others may finish on their own before
                        they get SIGTERM (default 3); SIGKILL follows 1 s after SIGTERM
+  --elastic            a rank that fails does not stop the job: the others go on (they shrink
+                       or rebuild their communicators) and a replacement is started, which joins
+                       at the next epoch when the survivors call hccn_comm_rebuild
+  --min-ranks M        with --elastic: give up when fewer than M ranks are left (default 1)
+  --max-restarts K     with --elastic: replacements to start in all (default 3); a failure
+                       after the last one ends the job
   -h, --help           this text
 
 Exit status: 0 when every rank exits 0; otherwise the first failing rank's code (128+N for
@@ -46,8 +53,16 @@ pub struct Options {
     pub nranks: u32,
     pub timeout: Option<Duration>,
     pub grace: Duration,
+    /// `Some` with --elastic.
+    pub elastic: Option<Elastic>,
     pub program: OsString,
     pub args: Vec<OsString>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Elastic {
+    pub min_ranks: u32,
+    pub max_restarts: u32,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -60,6 +75,7 @@ pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
     let mut nranks = None;
     let mut timeout = None;
     let mut grace = Duration::from_secs(3);
+    let (mut elastic, mut min_ranks, mut max_restarts) = (false, None, None);
     while let Some((name, inline)) = a.next_option()? {
         match name.as_str() {
             "-h" | "--help" => return Ok(Invocation::Help),
@@ -78,13 +94,21 @@ pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
                 timeout = Some(t);
             }
             "--grace" => grace = args::seconds(&name, &a.value(&name, inline)?)?,
+            "--elastic" => elastic = true,
+            "--min-ranks" => min_ranks = Some(args::number::<u32>(&name, &a.value(&name, inline)?)?),
+            "--max-restarts" => max_restarts = Some(args::number::<u32>(&name, &a.value(&name, inline)?)?),
             _ => return Err(UsageError(format!("unknown option {name}"))),
         }
     }
     let nranks = nranks.ok_or_else(|| UsageError("the number of ranks (-n N) is required".into()))?;
+    if !elastic && (min_ranks.is_some() || max_restarts.is_some()) {
+        return Err(UsageError("--min-ranks and --max-restarts go with --elastic".into()));
+    }
+    let elastic =
+        elastic.then_some(Elastic { min_ranks: min_ranks.unwrap_or(1), max_restarts: max_restarts.unwrap_or(3) });
     let mut rest = a.rest().into_iter();
     let program = rest.next().ok_or_else(|| UsageError("no PROGRAM given".into()))?;
-    Ok(Invocation::Run(Options { nranks, timeout, grace, program, args: rest.collect() }))
+    Ok(Invocation::Run(Options { nranks, timeout, grace, elastic, program, args: rest.collect() }))
 }
 
 /// hccnrun's entry point; returns the process exit code.
@@ -272,6 +296,8 @@ struct Job {
     /// hccnrun's exit code, fixed by the first event that decides it.
     outcome: Option<i32>,
     phase: Phase,
+    /// Replacements started so far (--elastic).
+    restarts: u32,
 }
 
 impl Job {
@@ -342,19 +368,50 @@ impl Job {
         self.phase = Phase::Killed;
     }
 
+    /// With --elastic, decides what a failed rank means: a replacement while restarts last and
+    /// enough ranks remain (`true`), or the end of the job (`false`).
+    fn recover(&mut self, o: &Options, env: &[(&str, String)], rank: u32) -> bool {
+        let Some(el) = o.elastic else { return false };
+        let alive = self.running().count() as u32;
+        if alive < el.min_ranks {
+            say(format_args!("only {alive} rank(s) left, fewer than --min-ranks {}; giving up", el.min_ranks));
+            return false;
+        }
+        if self.restarts >= el.max_restarts {
+            say(format_args!("no restarts left (--max-restarts {}); giving up", el.max_restarts));
+            return false;
+        }
+        self.restarts += 1;
+        say(format_args!("starting a replacement for rank {rank} (restart {} of {})", self.restarts, el.max_restarts));
+        match self.spawn(o, rank, env) {
+            Ok(()) => true,
+            Err(e) => {
+                say(format_args!("cannot start a replacement for rank {rank}: {e}"));
+                false
+            }
+        }
+    }
+
     /// Watches the ranks until every one has been reaped; returns hccnrun's exit code.
-    fn monitor(&mut self, o: &Options, started: Instant) -> i32 {
+    fn monitor(&mut self, o: &Options, env: &[(&str, String)], started: Instant) -> i32 {
         loop {
+            let mut failed = Vec::new();
             for r in self.ranks.iter_mut().filter(|r| r.status.is_none()) {
                 let Some(status) = r.poll() else { continue };
                 // Once the job is being stopped, ranks ending by our signals are expected.
                 let stopping = matches!(self.phase, Phase::Stopping(_) | Phase::Killed);
                 if !status.success() && !stopping {
                     say(format_args!("rank {} (pid {}) {}", r.rank, r.pid, describe(status)));
-                    self.outcome.get_or_insert(exit_code(status));
-                    if self.phase == Phase::Running {
-                        self.phase = Phase::Grace(Instant::now() + o.grace);
-                    }
+                    failed.push((r.rank, status));
+                }
+            }
+            for (rank, status) in failed {
+                if self.phase == Phase::Running && self.recover(o, env, rank) {
+                    continue;
+                }
+                self.outcome.get_or_insert(exit_code(status));
+                if self.phase == Phase::Running {
+                    self.phase = Phase::Grace(Instant::now() + o.grace);
                 }
             }
             if self.running().next().is_none() {
@@ -435,7 +492,7 @@ pub fn run(o: &Options) -> Result<i32, String> {
         ("HCCN_JOB_TOKEN", token),
     ];
     install_signal_handlers();
-    let mut job = Job { ranks: Vec::new(), readers: Vec::new(), outcome: None, phase: Phase::Running };
+    let mut job = Job { ranks: Vec::new(), readers: Vec::new(), outcome: None, phase: Phase::Running, restarts: 0 };
     for rank in 0..o.nranks {
         if let Err(e) = job.spawn(o, rank, &env) {
             say(format_args!("cannot start rank {rank} ({}): {e}", o.program.to_string_lossy()));
@@ -444,7 +501,7 @@ pub fn run(o: &Options) -> Result<i32, String> {
             break;
         }
     }
-    let code = job.monitor(o, started);
+    let code = job.monitor(o, &env, started);
     job.drain();
     drop(store);
     Ok(code)

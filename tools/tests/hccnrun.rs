@@ -330,3 +330,41 @@ fn perf_every_collective_checks_clean_on_three_ranks() {
         assert_clean_table(&f, 4);
     }
 }
+
+#[test]
+fn elastic_restarts_a_failed_rank_and_ends_well_when_the_replacement_does() {
+    let dir = std::env::temp_dir().join(format!("hccnrun-elastic-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let marker = dir.join("failed-once");
+    let _ = std::fs::remove_file(&marker);
+    // Rank 1 fails the first time only; its replacement finds the marker and succeeds.
+    let script = format!(
+        r#"if [ "$HCCN_RANK" = 1 ] && [ ! -e {m} ]; then touch {m}; exit 5; fi
+sleep 1; echo done $HCCN_RANK"#,
+        m = marker.display()
+    );
+    let f = run(&["--elastic", "--max-restarts", "2", "-n", "3", "sh", "-c", &script], Duration::from_secs(20));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(f.status.code(), Some(0), "{f:#?}");
+    assert!(f.stderr.contains("starting a replacement for rank 1 (restart 1 of 2)"), "{f:#?}");
+    assert_eq!(f.stdout.matches("done ").count(), 3, "{f:#?}");
+}
+
+#[test]
+fn elastic_gives_up_when_restarts_run_out_or_too_few_ranks_remain() {
+    let always_fails = r#"if [ "$HCCN_RANK" = 1 ]; then exit 5; fi; exec sleep 30"#;
+    let f = run(
+        &["--elastic", "--max-restarts", "1", "--grace", "1", "-n", "3", "sh", "-c", always_fails],
+        Duration::from_secs(20),
+    );
+    assert_eq!(f.status.code(), Some(5), "{f:#?}");
+    assert!(f.stderr.contains("no restarts left (--max-restarts 1); giving up"), "{f:#?}");
+    let f = run(
+        &["--elastic", "--min-ranks", "3", "--grace", "1", "-n", "3", "sh", "-c", always_fails],
+        Duration::from_secs(20),
+    );
+    assert_eq!(f.status.code(), Some(5), "{f:#?}");
+    assert!(f.stderr.contains("only 2 rank(s) left, fewer than --min-ranks 3; giving up"), "{f:#?}");
+    let bad = run(&["--min-ranks", "2", "-n", "2", "true"], Duration::from_secs(10));
+    assert_eq!(bad.status.code(), Some(2), "--min-ranks without --elastic is a usage error: {bad:#?}");
+}

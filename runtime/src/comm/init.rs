@@ -5,11 +5,13 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::{derive_id, CommInner, Communicator};
+use super::{derive_id, join, CommInner, Communicator, Origin};
 use crate::auth::random_bytes;
 use crate::config::{Config, LaunchEnv};
-use crate::error::{Error, Result};
-use crate::rendezvous::{Store, StoreServer, TcpStore, UniqueId};
+use std::time::Duration;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::rendezvous::{Store, StoreAddr, StoreServer, TcpStore, UniqueId};
 use crate::transport::tcp;
 
 /// Stores started by `new_unique_id`; they serve until the process exits, as the root's
@@ -38,7 +40,8 @@ impl Communicator {
         }
         let store = TcpStore::connect(id.store, &id.token, cfg.timeout)?;
         let prefix = format!("uid/{}", hex(&id.nonce));
-        Communicator::bootstrap(&store, &prefix, rank, nranks, &id.token, cfg)
+        let origin = Origin { store: StoreAddr::Tcp(id.store), token: id.token.to_vec(), prefix, cfg: cfg.clone() };
+        Communicator::bootstrap(&store, Arc::new(origin), rank, nranks)
     }
 
     /// Joins the world described by the launcher's environment.
@@ -48,23 +51,29 @@ impl Communicator {
         let nth = WORLDS.fetch_add(1, Ordering::SeqCst);
         let store = env.store.connect(&env.job_token, cfg.timeout)?;
         let prefix = format!("job/{}/world{nth}", env.job_id);
-        Communicator::bootstrap(store.as_ref(), &prefix, env.rank, env.world_size, &env.job_token, cfg)
+        let origin =
+            Arc::new(Origin { store: env.store.clone(), token: env.job_token.clone(), prefix, cfg: cfg.clone() });
+        // A world that already exists is joined as a replacement, through the join queue.
+        match store.get(&join::formed_key(&origin.prefix), Duration::ZERO) {
+            Ok(_) => Communicator::join(store.as_ref(), origin),
+            Err(e) if e.kind() == ErrorKind::Timeout => {
+                Communicator::bootstrap(store.as_ref(), origin, env.rank, env.world_size)
+            }
+            Err(e) => Err(e),
+        }
     }
 
-    fn bootstrap(
-        store: &dyn Store,
-        prefix: &str,
-        rank: u32,
-        size: u32,
-        token: &[u8],
-        cfg: &Config,
-    ) -> Result<Communicator> {
+    fn bootstrap(store: &dyn Store, origin: Arc<Origin>, rank: u32, size: u32) -> Result<Communicator> {
+        let (prefix, cfg) = (&origin.prefix, &origin.cfg);
         let id = derive_id(&[prefix.as_bytes(), &size.to_le_bytes()]);
-        let net = tcp::connect_mesh(rank, size, store, prefix, id, token, cfg)?;
+        let net = tcp::connect_mesh(rank, size, store, prefix, id, &origin.token, cfg)?;
         let members = (0..size).collect();
-        let comm =
-            Communicator::from_inner(CommInner::new(Arc::new(net), id, 0, rank, members, cfg.timeout, cfg.chunk_bytes));
-        tracing::info!(rank, size, prefix, "communicator ready");
-        Ok(comm)
+        let inner = CommInner::new(Arc::new(net), id, 0, rank, members, cfg.timeout, cfg.chunk_bytes);
+        if rank == 0 {
+            // Every rank has connected, so every rank checked this key before it exists.
+            store.set(&join::formed_key(prefix), b"1")?;
+        }
+        tracing::info!(rank, size, prefix = %prefix, "communicator ready");
+        Ok(Communicator::from_inner(inner.with_origin(Some(origin.clone()))))
     }
 }

@@ -4,6 +4,7 @@
 mod agree;
 mod group;
 mod init;
+mod join;
 mod shrink;
 
 use std::collections::{BTreeMap, HashMap};
@@ -24,6 +25,15 @@ use crate::stream::Stream;
 use crate::transport::Net;
 use crate::wire::FrameKind;
 
+/// Where a world communicator was formed, so that it can admit replacement ranks later.
+pub(crate) struct Origin {
+    pub store: crate::rendezvous::StoreAddr,
+    pub token: Vec<u8>,
+    /// The world's key prefix in the store.
+    pub prefix: String,
+    pub cfg: crate::config::Config,
+}
+
 pub(crate) struct CommInner {
     pub net: Arc<Net>,
     pub id: u64,
@@ -41,6 +51,8 @@ pub(crate) struct CommInner {
     shrink_seq: AtomicU64,
     aborted: AtomicBool,
     async_error: Mutex<Option<Error>>,
+    /// Set on world communicators (and what shrink and rebuild make of them).
+    pub origin: Option<Arc<Origin>>,
 }
 
 /// A communicator. Clones share it; it lives until the last clone and the last queued
@@ -97,7 +109,13 @@ impl CommInner {
             shrink_seq: AtomicU64::new(0),
             aborted: AtomicBool::new(false),
             async_error: Mutex::new(None),
+            origin: None,
         }
+    }
+
+    pub fn with_origin(mut self, origin: Option<Arc<Origin>>) -> Self {
+        self.origin = origin;
+        self
     }
 
     /// Failed members, in communicator ranks, from the net's failed world ranks.

@@ -31,6 +31,12 @@ impl Communicator {
         }
         let instance = c.shrink_seq.fetch_add(1, Ordering::SeqCst);
         let failed = agree::agree(c, instance)?;
+        self.survivors_of(&failed, instance)
+    }
+
+    /// The communicator of the members not in `failed`, at the next epoch.
+    pub(crate) fn survivors_of(&self, failed: &[u32], instance: u64) -> Result<Communicator> {
+        let c = &self.inner;
         let survivors: Vec<u32> = (0..c.members.len() as u32).filter(|r| !failed.contains(r)).collect();
         let rank = survivors.iter().position(|&r| r == c.rank).ok_or_else(|| {
             Error::rank_failed(vec![c.rank], "shrink: the survivors decided that this rank had failed")
@@ -40,14 +46,7 @@ impl Communicator {
         let id = derive_id(&[&c.id.to_le_bytes(), b"shrink", &epoch.to_le_bytes(), &instance.to_le_bytes(), &list]);
         let members = survivors.iter().map(|&r| c.members[r as usize]).collect();
         tracing::info!(old_rank = c.rank, new_rank = rank, epoch, ?failed, "communicator shrunk");
-        Ok(Communicator::from_inner(CommInner::new(
-            c.net.clone(),
-            id,
-            epoch,
-            rank as u32,
-            members,
-            c.timeout,
-            c.chunk_bytes,
-        )))
+        let inner = CommInner::new(c.net.clone(), id, epoch, rank as u32, members, c.timeout, c.chunk_bytes);
+        Ok(Communicator::from_inner(inner.with_origin(c.origin.clone())))
     }
 }

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::{Inbox, Link};
+use std::collections::HashSet;
+
+use super::{Inbox, LinkTable};
 
 /// A thread per world of processes; stops (promptly) when dropped.
 pub(crate) struct Watchdog {
@@ -16,14 +18,9 @@ pub(crate) struct Watchdog {
 }
 
 impl Watchdog {
-    /// `None` when heartbeats are off or there is no peer.
-    pub fn start(
-        peers: Vec<(u32, Arc<dyn Link>)>,
-        inbox: Arc<Inbox>,
-        every: Duration,
-        dead_after: Duration,
-    ) -> Option<Self> {
-        if every.is_zero() || peers.is_empty() {
+    /// `None` when heartbeats are off.
+    pub fn start(peers: Arc<LinkTable>, inbox: Arc<Inbox>, every: Duration, dead_after: Duration) -> Option<Self> {
+        if every.is_zero() {
             return None;
         }
         let stop = Arc::new(AtomicBool::new(false));
@@ -47,12 +44,12 @@ impl Drop for Watchdog {
     }
 }
 
-fn watch(peers: &[(u32, Arc<dyn Link>)], inbox: &Inbox, every: Duration, dead_after: Duration, stop: &AtomicBool) {
-    let mut declared = vec![false; peers.len()];
+fn watch(peers: &LinkTable, inbox: &Inbox, every: Duration, dead_after: Duration, stop: &AtomicBool) {
+    let mut declared = HashSet::new();
     while !stop.load(Ordering::SeqCst) {
         let failed = inbox.failed();
-        for (i, (rank, link)) in peers.iter().enumerate() {
-            if declared[i] || failed.contains_key(rank) {
+        for (rank, link) in peers.all() {
+            if declared.contains(&rank) || failed.contains_key(&rank) {
                 continue;
             }
             link.heartbeat();
@@ -60,9 +57,9 @@ fn watch(peers: &[(u32, Arc<dyn Link>)], inbox: &Inbox, every: Duration, dead_af
             // Bytes waiting in the socket mean the peer spoke and our reader is merely behind
             // (a starved thread on a loaded machine), not that the peer is gone.
             if silent > dead_after && !link.has_unread() {
-                declared[i] = true;
+                declared.insert(rank);
                 inbox.mark_failed(
-                    *rank,
+                    rank,
                     format!("silent for {} ms: frozen, hung or cut off (HCCN_DEAD_AFTER_MS)", silent.as_millis()),
                 );
                 link.close(false);

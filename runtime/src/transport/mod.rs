@@ -193,10 +193,41 @@ impl Inbox {
     }
 }
 
+/// The links of one world, indexed by world rank (this process's own numbering of its peers);
+/// it grows when replacement ranks are admitted.
+#[derive(Default)]
+pub(crate) struct LinkTable {
+    links: std::sync::RwLock<Vec<Option<Arc<dyn Link>>>>,
+}
+
+impl LinkTable {
+    pub fn new(links: Vec<Option<Arc<dyn Link>>>) -> Self {
+        LinkTable { links: std::sync::RwLock::new(links) }
+    }
+
+    pub fn get(&self, rank: u32) -> Option<Arc<dyn Link>> {
+        self.links.read().unwrap_or_else(|p| p.into_inner()).get(rank as usize).cloned().flatten()
+    }
+
+    /// Every live link with its world rank.
+    pub fn all(&self) -> Vec<(u32, Arc<dyn Link>)> {
+        let links = self.links.read().unwrap_or_else(|p| p.into_inner());
+        links.iter().enumerate().filter_map(|(r, l)| l.clone().map(|l| (r as u32, l))).collect()
+    }
+
+    /// Adds the link that `make` builds for the next world rank, and returns that rank.
+    pub fn add(&self, make: impl FnOnce(u32) -> Result<Arc<dyn Link>>) -> Result<u32> {
+        let mut links = self.links.write().unwrap_or_else(|p| p.into_inner());
+        let rank = links.len() as u32;
+        links.push(Some(make(rank)?));
+        Ok(rank)
+    }
+}
+
 /// The links of one world of processes.
 pub(crate) struct Net {
     pub rank: u32,
-    links: Vec<Option<Arc<dyn Link>>>,
+    pub links: Arc<LinkTable>,
     pub inbox: Arc<Inbox>,
     graceful: std::sync::atomic::AtomicBool,
     watchdog: Option<heartbeat::Watchdog>,
@@ -206,9 +237,8 @@ impl Net {
     /// Joins the links; with a heartbeat interval, a watchdog thread keeps them alive and
     /// declares silent peers failed.
     pub fn new(rank: u32, links: Vec<Option<Arc<dyn Link>>>, inbox: Arc<Inbox>, cfg: &crate::config::Config) -> Net {
-        let peers: Vec<(u32, Arc<dyn Link>)> =
-            links.iter().enumerate().filter_map(|(r, l)| l.clone().map(|l| (r as u32, l))).collect();
-        let watchdog = heartbeat::Watchdog::start(peers, inbox.clone(), cfg.heartbeat, cfg.dead_after);
+        let links = Arc::new(LinkTable::new(links));
+        let watchdog = heartbeat::Watchdog::start(links.clone(), inbox.clone(), cfg.heartbeat, cfg.dead_after);
         Net { rank, links, inbox, graceful: std::sync::atomic::AtomicBool::new(true), watchdog }
     }
 
@@ -218,11 +248,7 @@ impl Net {
             self.inbox.push(dst, Frame { hdr: *hdr, payload: payload.to_vec() });
             return Ok(());
         }
-        let link = self
-            .links
-            .get(dst as usize)
-            .and_then(|l| l.as_ref())
-            .ok_or_else(|| Error::internal(format!("no link to world rank {dst}")))?;
+        let link = self.links.get(dst).ok_or_else(|| Error::internal(format!("no link to world rank {dst}")))?;
         if let Some(reason) = self.inbox.failed().get(&dst) {
             return Err(Error::rank_failed(vec![dst], format!("world rank {dst} failed earlier: {reason}")));
         }
@@ -238,7 +264,7 @@ impl Net {
     /// Closes the connection to world rank `peer` after it sent something this rank refuses.
     pub fn refuse(&self, peer: u32, reason: &str) {
         self.inbox.mark_failed(peer, format!("refused: {reason}"));
-        if let Some(Some(link)) = self.links.get(peer as usize) {
+        if let Some(link) = self.links.get(peer) {
             link.close(false);
         }
     }
@@ -246,7 +272,7 @@ impl Net {
     /// Tells every peer this process is leaving on purpose, so they do not see a failure.
     pub fn farewell(&self) {
         if self.graceful.load(std::sync::atomic::Ordering::SeqCst) {
-            self.links.iter().flatten().for_each(|l| l.farewell());
+            self.links.all().iter().for_each(|(_, l)| l.farewell());
         }
     }
 
@@ -261,7 +287,7 @@ impl Drop for Net {
         // Stop watching before the links close, or their closing would look like failures.
         drop(self.watchdog.take());
         let graceful = self.graceful.load(std::sync::atomic::Ordering::SeqCst);
-        for link in self.links.iter().flatten() {
+        for (_, link) in self.links.all() {
             link.close(graceful);
         }
     }

@@ -176,7 +176,7 @@ fn reader_loop(mut sock: TcpStream, peer: u32, inbox: Arc<Inbox>, closing: Arc<A
     }
 }
 
-fn start_link(sock: TcpStream, peer: u32, inbox: &Arc<Inbox>, cfg: &Config) -> Result<Arc<dyn Link>> {
+pub(crate) fn start_link(sock: TcpStream, peer: u32, inbox: &Arc<Inbox>, cfg: &Config) -> Result<Arc<dyn Link>> {
     let sys = |e: std::io::Error| Error::io(ErrorKind::System, format!("socket to world rank {peer}"), &e);
     sock.set_nodelay(true).map_err(sys)?;
     sock.set_read_timeout(None).map_err(sys)?;
@@ -202,7 +202,7 @@ fn hello(mesh: u64, rank: u32, size: u32) -> [u8; 16] {
     b
 }
 
-fn connect_peer(
+pub(crate) fn connect_peer(
     addr: SocketAddr,
     peer: u32,
     mesh: u64,
@@ -226,11 +226,11 @@ fn connect_peer(
     Ok(sock)
 }
 
-/// Accepts connections from every higher rank, refusing (and logging) anything else.
-fn accept_peers(
+/// Accepts one connection from each rank in `from_ranks`, refusing (and logging) anything else.
+pub(crate) fn accept_peers(
     listener: &TcpListener,
     mesh: u64,
-    rank: u32,
+    from_ranks: std::ops::Range<u32>,
     size: u32,
     token: &[u8],
     cfg: &Config,
@@ -239,14 +239,14 @@ fn accept_peers(
     listener.set_nonblocking(true).map_err(sys)?;
     let deadline = Instant::now() + cfg.timeout;
     let mut got: Vec<(u32, TcpStream)> = Vec::new();
-    let want = (size - 1 - rank) as usize;
+    let want = from_ranks.len();
     while got.len() < want {
         let (mut sock, from) = match listener.accept() {
             Ok(c) => c,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if Instant::now() >= deadline {
                     return Err(Error::timeout(format!(
-                        "only {} of {want} higher ranks connected within {} ms",
+                        "only {} of the {want} expected ranks connected within {} ms",
                         got.len(),
                         cfg.timeout.as_millis()
                     )));
@@ -272,8 +272,7 @@ fn accept_peers(
         let their_size = u32::from_le_bytes(h[12..16].try_into().unwrap_or_default());
         if their_mesh != mesh
             || their_size != size
-            || their_rank <= rank
-            || their_rank >= size
+            || !from_ranks.contains(&their_rank)
             || got.iter().any(|(r, _)| *r == their_rank)
         {
             tracing::warn!(%from, their_rank, their_size, "refused a peer that is not an expected member of this communicator");
@@ -302,7 +301,7 @@ pub(crate) fn connect_mesh(
     store.set(&format!("{prefix}/addr/{rank}"), addr.to_string().as_bytes())?;
 
     let sockets = std::thread::scope(|s| -> Result<Vec<(u32, TcpStream)>> {
-        let acceptor = s.spawn(|| accept_peers(&listener, mesh, rank, size, token, cfg));
+        let acceptor = s.spawn(|| accept_peers(&listener, mesh, rank + 1..size, size, token, cfg));
         let mut connected = Vec::new();
         for peer in 0..rank {
             let raw = store.get(&format!("{prefix}/addr/{peer}"), cfg.timeout)?;

@@ -12,6 +12,8 @@
 //!   survivors shrink again while the result has a failed member, and end with 2 exact ranks.
 //! - `freeze`: the last rank SIGSTOPs itself mid-allreduce; heartbeats must declare it failed
 //!   within about HCCN_DEAD_AFTER_MS; survivors shrink, reduce exactly, then kill the stopped rank.
+//! - `grow` (under `hccnrun --elastic`): the last rank dies mid-allreduce; hccnrun starts a
+//!   replacement, which joins; the survivors rebuild; all reduce exactly at epoch 1.
 //! - `revoke`: rank 1 revokes the world; everyone's next allreduce fails with REVOKED; all shrink
 //!   (nobody failed) and go on at epoch 1.
 //! - `early-exit`: rank 0 broadcasts and calls exit() without destroying its communicator; rank 1
@@ -394,6 +396,44 @@ fn revoke_then_shrink(c: &CComm) -> ExitCode {
     }
 }
 
+fn grow(c: CComm) -> ExitCode {
+    let (me, n) = (c.rank(), c.size());
+    let comm = if epoch(&c) > 0 {
+        println!("JOINED rank={me} size={n} epoch={}", epoch(&c));
+        c
+    } else {
+        if me == n - 1 {
+            std::thread::spawn(|| {
+                std::thread::sleep(Duration::from_millis(150));
+                // SAFETY: raising a signal at ourselves.
+                unsafe { libc::raise(libc::SIGKILL) };
+            });
+        }
+        let send = vec![1.0f32; 1 << 16];
+        let mut recv = vec![0.0f32; 1 << 16];
+        let err = loop {
+            if let Err(e) = allreduce(&c, &send, &mut recv) {
+                break e;
+            }
+        };
+        println!("ERROR code={} failed={:?}", err.0, failed_ranks(&c));
+        let mut out = std::ptr::null_mut();
+        // SAFETY: valid handle and out pointer.
+        if let Err((code, msg)) = check(unsafe { hccn_comm_rebuild(c.comm, 20_000, &mut out) }) {
+            println!("REBUILD_FAILED code={code} msg={msg}");
+            return ExitCode::FAILURE;
+        }
+        CComm { comm: out }
+    };
+    let result = verified_allreduces(&comm, 10);
+    println!("GROWN rank={} size={} epoch={} result={result:?}", comm.rank(), comm.size(), epoch(&comm));
+    if result.is_ok() && comm.size() == n && epoch(&comm) == 1 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
 fn early_exit(c: &CComm) -> ExitCode {
     let mut buf: Vec<f32> = if c.rank() == 0 { (0..1000).map(|i| i as f32).collect() } else { vec![0.0; 1000] };
     if c.rank() != 0 {
@@ -426,6 +466,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if mode == "grow" {
+        return grow(comm);
+    }
     match mode.as_str() {
         "kill" => kill(&comm),
         "intruder" => intruder(&comm),

@@ -1,0 +1,264 @@
+//! Growing a world: replacement processes wait in a join queue in the store, and
+//! `rebuild` (shrink plus admission) makes them members at the next epoch.
+//!
+//! Keys under the world's prefix P: `P/formed` (the world exists, so later arrivals are
+//! joiners), `P/join/next` (ticket counter), `P/join/<t>/addr` (joiner t's listening address),
+//! `P/join/<t>/admit` (its admission: id, epoch, rank, size, the other joiners), and
+//! `P/join/admitted` (the last ticket admitted). Survivors connect to the joiners they admit;
+//! a joiner accepts from every lower rank and connects to the joiners after it.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{agree, derive_id, CommInner, Communicator, Origin};
+use crate::collectives::{Op, Ptr};
+use crate::error::{Error, ErrorKind, Result};
+use crate::rendezvous::Store;
+use crate::transport::{tcp, Inbox, Link, Net};
+use crate::types::DataType;
+
+pub(crate) fn formed_key(prefix: &str) -> String {
+    format!("{prefix}/formed")
+}
+
+fn next_key(prefix: &str) -> String {
+    format!("{prefix}/join/next")
+}
+
+fn addr_key(prefix: &str, ticket: u64) -> String {
+    format!("{prefix}/join/{ticket}/addr")
+}
+
+fn admit_key(prefix: &str, ticket: u64) -> String {
+    format!("{prefix}/join/{ticket}/admit")
+}
+
+fn admitted_key(prefix: &str) -> String {
+    format!("{prefix}/join/admitted")
+}
+
+/// What a joiner learns when admitted; also what survivors learn of the joiners.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Admission {
+    id: u64,
+    epoch: u64,
+    survivors: u32,
+    /// Admitted joiners in rank order (rank = survivors + index): ticket and address.
+    joiners: Vec<(u64, String)>,
+}
+
+impl Admission {
+    fn size(&self) -> u32 {
+        self.survivors + self.joiners.len() as u32
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend_from_slice(&self.id.to_le_bytes());
+        b.extend_from_slice(&self.epoch.to_le_bytes());
+        b.extend_from_slice(&self.survivors.to_le_bytes());
+        b.extend_from_slice(&(self.joiners.len() as u32).to_le_bytes());
+        for (t, addr) in &self.joiners {
+            b.extend_from_slice(&t.to_le_bytes());
+            b.extend_from_slice(&(addr.len() as u32).to_le_bytes());
+            b.extend_from_slice(addr.as_bytes());
+        }
+        b
+    }
+
+    fn decode(b: &[u8]) -> Result<Admission> {
+        let bad = || Error::new(ErrorKind::Store, "malformed admission record in the store");
+        let mut at = 0usize;
+        let mut take = |n: usize| -> Result<&[u8]> {
+            let s = b.get(at..at + n).ok_or_else(bad)?;
+            at += n;
+            Ok(s)
+        };
+        let u64_ = |s: &[u8]| u64::from_le_bytes(s.try_into().unwrap_or_default());
+        let u32_ = |s: &[u8]| u32::from_le_bytes(s.try_into().unwrap_or_default());
+        let id = u64_(take(8)?);
+        let epoch = u64_(take(8)?);
+        let survivors = u32_(take(4)?);
+        let n = u32_(take(4)?);
+        if n > 1 << 16 {
+            return Err(bad());
+        }
+        let mut joiners = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            let t = u64_(take(8)?);
+            let len = u32_(take(4)?) as usize;
+            let addr = String::from_utf8(take(len)?.to_vec()).map_err(|_| bad())?;
+            joiners.push((t, addr));
+        }
+        Ok(Admission { id, epoch, survivors, joiners })
+    }
+}
+
+fn parse_addr(text: &str) -> Result<SocketAddr> {
+    text.parse().map_err(|_| Error::new(ErrorKind::Store, format!("bad joiner address {text:?} in the store")))
+}
+
+/// Connects to the joiners ranked above `rank` and returns their links' sockets by rank.
+fn connect_joiners(
+    adm: &Admission,
+    rank: u32,
+    token: &[u8],
+    cfg: &crate::config::Config,
+) -> Result<Vec<(u32, TcpStream)>> {
+    let mut out = Vec::new();
+    for (k, (_, addr)) in adm.joiners.iter().enumerate() {
+        let peer = adm.survivors + k as u32;
+        if peer > rank {
+            out.push((peer, tcp::connect_peer(parse_addr(addr)?, peer, adm.id, rank, adm.size(), token, cfg)?));
+        }
+    }
+    Ok(out)
+}
+
+impl Communicator {
+    /// Joins an existing world as a replacement: takes a ticket, waits up to `HCCN_TIMEOUT_MS` to
+    /// be admitted by the survivors' `rebuild`, then connects to every member.
+    pub(crate) fn join(store: &dyn Store, origin: Arc<Origin>) -> Result<Communicator> {
+        let (prefix, cfg, token) = (&origin.prefix, &origin.cfg, &origin.token);
+        let ticket = store.add(&next_key(prefix), 1)? as u64;
+        let listener = TcpListener::bind((cfg.bind_addr, 0))
+            .map_err(|e| Error::io(ErrorKind::System, format!("listen on {}", cfg.bind_addr), &e))?;
+        let addr = listener.local_addr().map_err(|e| Error::io(ErrorKind::System, "listen address", &e))?;
+        store.set(&addr_key(prefix, ticket), addr.to_string().as_bytes())?;
+        tracing::info!(ticket, "waiting in the join queue");
+        let adm =
+            Admission::decode(&store.get(&admit_key(prefix, ticket), cfg.timeout).map_err(|e| {
+                e.context("not admitted (the survivors call hccn_comm_rebuild to admit waiting ranks)")
+            })?)?;
+        let rank = adm.survivors
+            + adm
+                .joiners
+                .iter()
+                .position(|(t, _)| *t == ticket)
+                .ok_or_else(|| Error::internal("admission without us"))? as u32;
+        let size = adm.size();
+        let socks = std::thread::scope(|s| -> Result<Vec<(u32, TcpStream)>> {
+            let acceptor = s.spawn(|| tcp::accept_peers(&listener, adm.id, 0..rank, size, token, cfg));
+            let mut socks = connect_joiners(&adm, rank, token, cfg)?;
+            socks.extend(acceptor.join().map_err(|_| Error::internal("accept thread panicked"))??);
+            Ok(socks)
+        })?;
+        let inbox = Arc::new(Inbox::default());
+        let mut links: Vec<Option<Arc<dyn Link>>> = (0..size).map(|_| None).collect();
+        for (peer, sock) in socks {
+            links[peer as usize] = Some(tcp::start_link(sock, peer, &inbox, cfg)?);
+        }
+        let net = Arc::new(Net::new(rank, links, inbox, cfg));
+        let inner = CommInner::new(net, adm.id, adm.epoch, rank, (0..size).collect(), cfg.timeout, cfg.chunk_bytes);
+        tracing::info!(rank, size, epoch = adm.epoch, "joined");
+        Ok(Communicator::from_inner(inner.with_origin(Some(origin.clone()))))
+    }
+
+    /// Called by every survivor: agrees on the failed set, then admits the ranks waiting in the
+    /// join queue (waiting up to `timeout` for a first one when none is there yet), and returns a
+    /// communicator of survivors then joiners at the next epoch.
+    pub fn rebuild(&self, timeout: Duration) -> Result<Communicator> {
+        let c = &self.inner;
+        let instance = c.shrink_seq.fetch_add(1, Ordering::SeqCst);
+        let failed = agree::agree(c, instance)?;
+        let small = self.survivors_of(&failed, instance)?;
+        let Some(origin) = c.origin.clone() else { return Ok(small) };
+        let epoch = small.epoch();
+        // The lowest survivor admits the joiners and tells the others, in band.
+        let mut blob = Vec::new();
+        if small.rank() == 0 {
+            let store = origin.store.connect(&origin.token, origin.cfg.timeout)?;
+            let adm = admit(store.as_ref(), &origin.prefix, c.id, epoch, &failed, small.size(), timeout, &origin.cfg)?;
+            blob = adm.encode();
+        }
+        let mut len = [blob.len() as u64];
+        broadcast(&small, Ptr::from_mut(len.as_mut_ptr()), 1, DataType::Uint64)?;
+        blob.resize(len[0] as usize, 0);
+        broadcast(&small, Ptr::from_mut(blob.as_mut_ptr()), blob.len() as u64, DataType::Uint8)?;
+        let adm = Admission::decode(&blob)?;
+        if adm.joiners.is_empty() {
+            return Ok(small);
+        }
+        let cfg = &origin.cfg;
+        let rank = small.rank();
+        let mut members = small.inner.members.clone();
+        for (peer, sock) in connect_joiners(&adm, rank, &origin.token, cfg)? {
+            let net = &c.net;
+            let world = net.links.add(|w| tcp::start_link(sock, w, &net.inbox, cfg))?;
+            debug_assert_eq!(members.len() as u32, peer);
+            members.push(world);
+        }
+        tracing::info!(rank, size = adm.size(), epoch, joiners = adm.joiners.len(), "communicator rebuilt");
+        let inner = CommInner::new(c.net.clone(), adm.id, epoch, rank, members, c.timeout, c.chunk_bytes);
+        Ok(Communicator::from_inner(inner.with_origin(Some(origin))))
+    }
+}
+
+fn broadcast(c: &Communicator, buf: Ptr, count: u64, dt: DataType) -> Result<()> {
+    // SAFETY: callers pass buffers of `count` elements that live until this blocking call returns.
+    unsafe { c.submit(Op::Broadcast { buf, count, dt, root: 0 }, None) }
+}
+
+/// The coordinator's part: picks the queued joiners, records their admission, returns it.
+#[allow(clippy::too_many_arguments)]
+fn admit(
+    store: &dyn Store,
+    prefix: &str,
+    old_id: u64,
+    epoch: u64,
+    failed: &[u32],
+    survivors: u32,
+    wait: Duration,
+    cfg: &crate::config::Config,
+) -> Result<Admission> {
+    let admitted = match store.get(&admitted_key(prefix), Duration::ZERO) {
+        Ok(v) => u64::from_le_bytes(v.get(..8).and_then(|b| b.try_into().ok()).unwrap_or_default()),
+        Err(e) if e.kind() == ErrorKind::Timeout => 0,
+        Err(e) => return Err(e),
+    };
+    let mut last = store.add(&next_key(prefix), 0)? as u64;
+    if last == admitted && !wait.is_zero() {
+        match store.get(&addr_key(prefix, admitted + 1), wait) {
+            Ok(_) => last = store.add(&next_key(prefix), 0)? as u64,
+            Err(e) if e.kind() == ErrorKind::Timeout => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let mut joiners = Vec::new();
+    for t in admitted + 1..=last {
+        // A ticket is taken just before its address is published.
+        let addr = store.get(&addr_key(prefix, t), cfg.timeout)?;
+        joiners.push((t, String::from_utf8_lossy(&addr).into_owned()));
+    }
+    let tickets: Vec<u8> = joiners.iter().flat_map(|(t, _)| t.to_le_bytes()).collect();
+    let lost: Vec<u8> = failed.iter().flat_map(|r| r.to_le_bytes()).collect();
+    let id = derive_id(&[&old_id.to_le_bytes(), b"rebuild", &epoch.to_le_bytes(), &lost, &tickets]);
+    let adm = Admission { id, epoch, survivors, joiners };
+    let record = adm.encode();
+    for (t, _) in &adm.joiners {
+        store.set(&admit_key(prefix, *t), &record)?;
+    }
+    store.set(&admitted_key(prefix), &last.to_le_bytes())?;
+    Ok(adm)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admission_round_trip_and_garbage() {
+        let a = Admission {
+            id: 7,
+            epoch: 2,
+            survivors: 3,
+            joiners: vec![(4, "127.0.0.1:5".into()), (5, "[::1]:6".into())],
+        };
+        assert_eq!(Admission::decode(&a.encode()).ok(), Some(a.clone()));
+        let b = a.encode();
+        assert!(Admission::decode(&b[..b.len() - 1]).is_err());
+        assert!(Admission::decode(&[0u8; 3]).is_err());
+    }
+}
