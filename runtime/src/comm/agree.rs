@@ -5,9 +5,10 @@
 //! The coordinator is the lowest rank a survivor believes alive. It collects every live
 //! member's STATE (suspects, and any value it already accepted), proposes a failed set with
 //! ACCEPT (the latest accepted value if there is one, else the union of suspects), waits for
-//! every live member's ACK, then sends COMMIT. A member that receives COMMIT relays it to all
-//! before returning, so if a coordinator dies after committing to one survivor, all learn the
-//! decision. A coordinator commits only after every live member accepted, so any later
+//! every live member's ACK, then sends COMMIT in ascending rank order. A member that receives
+//! COMMIT relays it (along a binary tree over the live ranks, and to its live successor) before
+//! returning, so if a coordinator dies part-way through its commits (whose recipients are then
+//! the lowest ranks), the decision still reaches everyone, in about log n steps. A coordinator commits only after every live member accepted, so any later
 //! coordinator finds that value and adopts it: the decided set is the same everywhere.
 
 use std::collections::{BTreeSet, HashMap};
@@ -26,7 +27,7 @@ const COMMIT: u8 = 4;
 type Accepted = Option<(u32, Vec<u32>)>;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Msg {
+pub(crate) enum Msg {
     State { suspects: Vec<u32>, accepted: Accepted },
     Accept(Vec<u32>),
     Ack(Vec<u32>),
@@ -109,76 +110,186 @@ fn decode(b: &[u8], n: u32) -> Option<Msg> {
     r.0.is_empty().then_some(m)
 }
 
-fn send(c: &CommInner, instance: u64, to: u32, coord: u32, m: &Msg) {
-    let payload = encode(m);
-    let hdr = FrameHeader {
-        kind: FrameKind::Agree,
-        comm_id: c.id,
-        epoch: c.epoch,
-        seq: instance,
-        tag: coord,
-        len: payload.len() as u64,
-    };
-    // A member that cannot be reached is found failed by the transport and drops out of the
-    // live set on the next turn of the loop.
-    let _ = c.net.send(c.members[to as usize], &hdr, &payload);
+/// A message to send: to whom, tagged with the coordinator it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Out {
+    pub to: u32,
+    pub tag: u32,
+    pub msg: Msg,
+}
+
+/// One member's side of one agreement, without I/O: events in, messages out (quinn-style), so
+/// the protocol is simulated at thousands of ranks in tests and benches.
+#[derive(Debug)]
+pub(crate) struct Agreement {
+    n: u32,
+    me: u32,
+    suspects: BTreeSet<u32>,
+    accepted: Accepted,
+    /// As coordinator: each member's STATE, then its ACK of our proposal.
+    states: HashMap<u32, (Vec<u32>, Accepted)>,
+    proposal: Option<Vec<u32>>,
+    acks: BTreeSet<u32>,
+    stated_to: Option<u32>,
+    decided: Option<Vec<u32>>,
+}
+
+impl Agreement {
+    pub fn new(n: u32, me: u32) -> Self {
+        Agreement {
+            n,
+            me,
+            suspects: BTreeSet::new(),
+            accepted: None,
+            states: HashMap::new(),
+            proposal: None,
+            acks: BTreeSet::new(),
+            stated_to: None,
+            decided: None,
+        }
+    }
+
+    /// The decided failed set, once known.
+    pub fn decided(&self) -> Option<&[u32]> {
+        self.decided.as_deref()
+    }
+
+    fn alive(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.n).filter(|r| !self.suspects.contains(r))
+    }
+
+    fn coordinator(&self) -> u32 {
+        self.alive().next().unwrap_or(self.me)
+    }
+
+    /// Members seen failed (by the transport); returns what to send.
+    pub fn suspect(&mut self, failed: impl IntoIterator<Item = u32>) -> Vec<Out> {
+        let me = self.me;
+        self.suspects.extend(failed.into_iter().filter(|&r| r != me && r < self.n));
+        self.step()
+    }
+
+    /// Acts on what is known: as coordinator, propose or commit; otherwise tell the coordinator.
+    fn step(&mut self) -> Vec<Out> {
+        if self.decided.is_some() {
+            return Vec::new();
+        }
+        let (me, coord) = (self.me, self.coordinator());
+        let others: Vec<u32> = self.alive().filter(|&r| r != me).collect();
+        if coord != me {
+            if self.stated_to == Some(coord) {
+                return Vec::new();
+            }
+            self.stated_to = Some(coord);
+            let msg = Msg::State { suspects: self.suspects.iter().copied().collect(), accepted: self.accepted.clone() };
+            return vec![Out { to: coord, tag: coord, msg }];
+        }
+        match self.proposal.clone() {
+            None if others.iter().all(|r| self.states.contains_key(r)) => {
+                let latest = others.iter().filter_map(|r| self.states.get(r).and_then(|s| s.1.clone()));
+                let f = match latest.chain(self.accepted.clone()).max_by_key(|(c, _)| *c) {
+                    Some((_, f)) => f,
+                    None => {
+                        let mut all = self.suspects.clone();
+                        others.iter().filter_map(|r| self.states.get(r)).for_each(|s| all.extend(&s.0));
+                        all.remove(&me);
+                        all.into_iter().collect()
+                    }
+                };
+                self.accepted = Some((me, f.clone()));
+                self.proposal = Some(f.clone());
+                others.iter().map(|&to| Out { to, tag: me, msg: Msg::Accept(f.clone()) }).collect()
+            }
+            // Ascending order: if we die part-way, the members that have the decision are the
+            // lowest ranks, and each relays it upward (see `receive`).
+            Some(f) if others.iter().all(|r| self.acks.contains(r)) => {
+                self.decided = Some(f.clone());
+                others.iter().map(|&to| Out { to, tag: me, msg: Msg::Commit(f.clone()) }).collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// Where a received COMMIT goes next: our children in a binary tree over the live ranks (the
+    /// decision spreads in log n steps) and our live successor (so it still reaches everyone
+    /// when some recipients of the coordinator's commits die or never got them).
+    fn relay_targets(&self, src: u32) -> Vec<u32> {
+        let alive: Vec<u32> = self.alive().collect();
+        let Some(i) = alive.iter().position(|&r| r == self.me) else { return Vec::new() };
+        let mut to: Vec<u32> = [i + 1, 2 * i + 1, 2 * i + 2].iter().filter_map(|&j| alive.get(j).copied()).collect();
+        to.sort_unstable();
+        to.dedup();
+        to.retain(|&r| r != src && r != self.me);
+        to
+    }
+
+    /// A message from member `src` tagged with coordinator `tag`; returns what to send.
+    pub fn receive(&mut self, src: u32, tag: u32, msg: Msg) -> Vec<Out> {
+        if self.decided.is_some() || src >= self.n {
+            return Vec::new();
+        }
+        let me = self.me;
+        let mut out = Vec::new();
+        match msg {
+            Msg::State { suspects, accepted } if tag == me => {
+                // A member that turns to us after we proposed gets the proposal again.
+                if let Some(f) = &self.proposal {
+                    out.push(Out { to: src, tag: me, msg: Msg::Accept(f.clone()) });
+                }
+                self.states.insert(src, (suspects, accepted));
+            }
+            Msg::Accept(f) if tag == self.coordinator() && src == tag => {
+                out.push(Out { to: tag, tag, msg: Msg::Ack(f.clone()) });
+                self.accepted = Some((tag, f));
+            }
+            Msg::Ack(f) if tag == me && self.proposal.as_ref() == Some(&f) => {
+                self.acks.insert(src);
+            }
+            Msg::Commit(f) => {
+                out.extend(self.relay_targets(src).into_iter().map(|to| Out { to, tag, msg: Msg::Commit(f.clone()) }));
+                self.decided = Some(f);
+                return out;
+            }
+            _ => {} // addressed to an earlier coordinator: stale
+        }
+        out.extend(self.step());
+        out
+    }
+}
+
+fn send_all(c: &CommInner, instance: u64, outs: Vec<Out>) {
+    for Out { to, tag, msg } in outs {
+        let payload = encode(&msg);
+        let hdr = FrameHeader {
+            kind: FrameKind::Agree,
+            comm_id: c.id,
+            epoch: c.epoch,
+            seq: instance,
+            tag,
+            len: payload.len() as u64,
+        };
+        // A member that cannot be reached is found failed by the transport and drops out of the
+        // live set on the next turn.
+        let _ = c.net.send(c.members[to as usize], &hdr, &payload);
+    }
 }
 
 /// Runs agreement instance `instance` of communicator `c`; returns the decided failed set
 /// (communicator ranks, ascending), identical on every survivor.
 pub(crate) fn agree(c: &CommInner, instance: u64) -> Result<Vec<u32>> {
     let n = c.members.len() as u32;
-    let me = c.rank;
     let deadline = Instant::now() + c.timeout;
-    let mut suspects: BTreeSet<u32> = BTreeSet::new();
-    let mut accepted: Accepted = None;
-    // Collected as coordinator: each member's STATE, then its ACK of our proposal.
-    let mut states: HashMap<u32, (Vec<u32>, Accepted)> = HashMap::new();
-    let mut proposal: Option<Vec<u32>> = None;
-    let mut acks: BTreeSet<u32> = BTreeSet::new();
-    let mut stated_to: Option<u32> = None;
+    let mut a = Agreement::new(n, c.rank);
     loop {
         // Counted before the failures are read: one that lands in between ends the wait below.
         let planned_with = c.net.inbox.failed_count();
-        suspects.extend(c.failed_now().into_iter().filter(|&r| r != me));
-        let alive: Vec<u32> = (0..n).filter(|r| !suspects.contains(r)).collect();
-        let coord = alive.first().copied().unwrap_or(me);
-        let others: Vec<u32> = alive.iter().copied().filter(|&r| r != me).collect();
-        if coord == me {
-            match &proposal {
-                None if others.iter().all(|r| states.contains_key(r)) => {
-                    let latest =
-                        others.iter().filter_map(|r| states.get(r).and_then(|s| s.1.clone())).chain(accepted.clone());
-                    let f: Vec<u32> = match latest.max_by_key(|(coord, _)| *coord) {
-                        Some((_, f)) => f,
-                        None => {
-                            let mut all = suspects.clone();
-                            others.iter().filter_map(|r| states.get(r)).for_each(|s| all.extend(&s.0));
-                            all.remove(&me);
-                            all.into_iter().collect()
-                        }
-                    };
-                    others.iter().for_each(|&r| send(c, instance, r, me, &Msg::Accept(f.clone())));
-                    accepted = Some((me, f.clone()));
-                    proposal = Some(f);
-                }
-                Some(f) if others.iter().all(|r| acks.contains(r)) => {
-                    others.iter().for_each(|&r| send(c, instance, r, me, &Msg::Commit(f.clone())));
-                    return Ok(f.clone());
-                }
-                _ => {}
-            }
-        } else if stated_to != Some(coord) {
-            let state = Msg::State { suspects: suspects.iter().copied().collect(), accepted: accepted.clone() };
-            send(c, instance, coord, coord, &state);
-            stated_to = Some(coord);
+        send_all(c, instance, a.suspect(c.failed_now()));
+        if let Some(f) = a.decided() {
+            return Ok(f.to_vec());
         }
         let now = Instant::now();
         if now >= deadline {
-            return Err(Error::timeout(format!(
-                "shrink: no agreement within {} ms (live members seen: {alive:?})",
-                c.timeout.as_millis()
-            )));
+            return Err(Error::timeout(format!("shrink: no agreement within {} ms", c.timeout.as_millis())));
         }
         let Some((src_world, frame)) =
             c.net.inbox.take_any(FrameKind::Agree, c.id, instance, planned_with, deadline - now)
@@ -186,34 +297,12 @@ pub(crate) fn agree(c: &CommInner, instance: u64) -> Result<Vec<u32>> {
             continue;
         };
         let Some(src) = c.members.iter().position(|&w| w == src_world).map(|r| r as u32) else { continue };
-        let tag = frame.hdr.tag;
-        let Some(msg) = decode(&frame.payload, n) else {
-            tracing::warn!(src, "shrink: ignored a malformed agreement message");
-            continue;
-        };
-        match msg {
-            Msg::State { suspects: s, accepted: a } if tag == me => {
-                // A member that turns to us after we proposed gets the proposal again.
-                if let Some(f) = &proposal {
-                    send(c, instance, src, me, &Msg::Accept(f.clone()));
-                }
-                states.insert(src, (s, a));
-            }
-            Msg::Accept(f) if tag == coord && src == coord => {
-                send(c, instance, coord, coord, &Msg::Ack(f.clone()));
-                accepted = Some((coord, f));
-            }
-            Msg::Ack(f) if tag == me && proposal.as_ref() == Some(&f) => {
-                acks.insert(src);
-            }
-            Msg::Commit(f) => {
-                alive
-                    .iter()
-                    .filter(|&&r| r != me && r != src)
-                    .for_each(|&r| send(c, instance, r, tag, &Msg::Commit(f.clone())));
-                return Ok(f);
-            }
-            _ => {} // addressed to an earlier coordinator: stale
+        match decode(&frame.payload, n) {
+            Some(msg) => send_all(c, instance, a.receive(src, frame.hdr.tag, msg)),
+            None => tracing::warn!(src, "shrink: ignored a malformed agreement message"),
+        }
+        if let Some(f) = a.decided() {
+            return Ok(f.to_vec());
         }
     }
 }

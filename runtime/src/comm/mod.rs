@@ -2,6 +2,7 @@
 //! and failure state. Groups and splits are new communicators over the parent's connections.
 
 mod agree;
+pub mod agree_sim;
 mod group;
 mod init;
 mod join;
