@@ -259,6 +259,7 @@ impl Agreement {
 
 fn send_all(c: &CommInner, instance: u64, outs: Vec<Out>) {
     for Out { to, tag, msg } in outs {
+        tracing::debug!(instance, to, tag, ?msg, "agreement: send");
         let payload = encode(&msg);
         let hdr = FrameHeader {
             kind: FrameKind::Agree,
@@ -282,8 +283,8 @@ pub(crate) fn agree(c: &CommInner, instance: u64) -> Result<Vec<u32>> {
     let mut a = Agreement::new(n, c.rank);
     loop {
         // Counted before the failures are read: one that lands in between ends the wait below.
-        let planned_with = c.net.inbox.failed_count();
-        send_all(c, instance, a.suspect(c.failed_now()));
+        let planned_with = c.net.inbox.gone_count();
+        send_all(c, instance, a.suspect(c.gone_now()));
         if let Some(f) = a.decided() {
             return Ok(f.to_vec());
         }
@@ -296,7 +297,11 @@ pub(crate) fn agree(c: &CommInner, instance: u64) -> Result<Vec<u32>> {
         else {
             continue;
         };
-        let Some(src) = c.members.iter().position(|&w| w == src_world).map(|r| r as u32) else { continue };
+        let Some(src) = c.members.iter().position(|&w| w == src_world).map(|r| r as u32) else {
+            tracing::debug!(src_world, "agreement: message from a non-member ignored");
+            continue;
+        };
+        tracing::debug!(instance, src, tag = frame.hdr.tag, "agreement: received");
         match decode(&frame.payload, n) {
             Some(msg) => send_all(c, instance, a.receive(src, frame.hdr.tag, msg)),
             None => tracing::warn!(src, "shrink: ignored a malformed agreement message"),

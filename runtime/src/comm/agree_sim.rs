@@ -168,7 +168,8 @@ mod tests {
     fn survivors_agree_on_exactly_the_dead() {
         for seed in 1..200u64 {
             let n = 3 + (seed % 14) as u32;
-            let failed: Vec<u32> = (0..n).filter(|r| (r * 7 + seed as u32).is_multiple_of(5)).take(n as usize - 1).collect();
+            let failed: Vec<u32> =
+                (0..n).filter(|r| (r * 7 + seed as u32).is_multiple_of(5)).take(n as usize - 1).collect();
             let rep = simulate(&SimConfig { ranks: n, failed: failed.clone(), coordinator_crash_after: None, seed });
             assert_eq!(rep.undecided, 0, "seed {seed}: {rep:?}");
             assert_eq!(rep.agreed, Some(failed), "seed {seed}");

@@ -141,9 +141,11 @@ impl CommInner {
         Some(Error::rank_failed(ranks, format!("communicator member failed ({})", detail.join("; "))))
     }
 
-    /// Members known to have failed now, in communicator ranks.
-    fn failed_now(&self) -> Vec<u32> {
-        self.failed_members(&self.net.inbox.failed()).into_iter().map(|(r, _)| r).collect()
+    /// Members that failed or left (destroyed their side), in communicator ranks: neither will
+    /// take part in an agreement.
+    fn gone_now(&self) -> Vec<u32> {
+        let gone = self.net.inbox.gone();
+        self.members.iter().enumerate().filter(|(_, w)| gone.contains(w)).map(|(r, _)| r as u32).collect()
     }
 
     fn check_state(&self) -> Result<()> {

@@ -115,9 +115,16 @@ impl Inbox {
         self.lock().failed.clone()
     }
 
-    /// How many peers have failed so far.
-    pub fn failed_count(&self) -> usize {
-        self.lock().failed.len()
+    /// How many peers have failed or left so far (the agreement re-plans when this grows).
+    pub fn gone_count(&self) -> usize {
+        let st = self.lock();
+        st.failed.len() + st.departed.len()
+    }
+
+    /// World ranks that failed or left on purpose: gone, as far as an agreement is concerned.
+    pub fn gone(&self) -> BTreeSet<u32> {
+        let st = self.lock();
+        st.failed.keys().chain(st.departed.iter()).copied().collect()
     }
 
     /// Runs `f` on the current health (failed peers, revoked communicators).
@@ -127,8 +134,8 @@ impl Inbox {
     }
 
     /// The next frame of `kind` for (`comm_id`, `seq`) from any sender. Returns `None` after
-    /// `wait`, or as soon as more than `planned_with` peers have failed (the count the caller
-    /// planned with), so the caller can re-plan.
+    /// `wait`, or as soon as more than `planned_with` peers are gone (the count the caller
+    /// planned with, see `gone_count`), so the caller can re-plan.
     pub fn take_any(
         &self,
         kind: FrameKind,
@@ -150,7 +157,7 @@ impl Inbox {
                 return f.map(|f| (key.src, f));
             }
             let now = Instant::now();
-            if now >= deadline || st.failed.len() != planned_with {
+            if now >= deadline || st.failed.len() + st.departed.len() != planned_with {
                 return None;
             }
             st = self.changed.wait_timeout(st, deadline - now).map(|(g, _)| g).unwrap_or_else(|p| p.into_inner().0);

@@ -6,7 +6,7 @@
 //! - `intruder`: while the job runs verified allreduces, rank 0 starts a process with the wrong
 //!   job token, which must be refused with HCCN_ERROR_AUTH.
 //! - `deadline`: rank 1 never joins an allreduce; rank 0 must get HCCN_ERROR_TIMEOUT.
-//! - `shrink VICTIM`: rank VICTIM SIGKILLs itself mid-allreduce; survivors get RANK_FAILED naming
+//! - `shrink VICTIMS`: the ranks listed (comma-separated) SIGKILL themselves at once mid-allreduce; survivors get RANK_FAILED naming
 //!   it, shrink, and run exact allreduces on the new communicator (epoch 1, dense ranks).
 //! - `chaos DELAY_US`: rank 3 dies mid-allreduce, then rank 0 dies DELAY_US into its shrink; the
 //!   survivors shrink again while the result has a failed member, and end with 2 exact ranks.
@@ -201,13 +201,22 @@ fn epoch(c: &CComm) -> u64 {
     e
 }
 
-fn shrink_after_kill(c: &CComm, victim: u32) -> ExitCode {
+fn shrink_after_kill(c: &CComm, victims: &[u32]) -> ExitCode {
     let (me, n) = (c.rank(), c.size());
     let send = vec![1.0f32; 4 << 20];
     let mut recv = vec![0.0f32; 4 << 20];
-    if me == victim {
-        std::thread::spawn(|| {
-            std::thread::sleep(Duration::from_millis(200));
+    // One wall-clock moment for every victim (rank 0 picks it), so they die within about a
+    // millisecond of each other.
+    let mut at = [now_ms() as u64 + 300];
+    // SAFETY: `at` lives for the blocking call.
+    unsafe {
+        hccn_broadcast(at.as_mut_ptr().cast(), 1, 6 /* HCCN_UINT64 */, 0, c.comm, std::ptr::null_mut())
+    };
+    if victims.contains(&me) {
+        std::thread::spawn(move || {
+            while (now_ms() as u64) < at[0] {
+                std::thread::sleep(Duration::from_micros(200));
+            }
             println!("KILL_AT {}", now_ms());
             // SAFETY: raising a signal at ourselves.
             unsafe { libc::raise(libc::SIGKILL) };
@@ -226,23 +235,35 @@ fn shrink_after_kill(c: &CComm, victim: u32) -> ExitCode {
     };
     println!("ERROR_AT {} code={code} failed={:?}", now_ms(), failed_ranks(c));
     let t = std::time::Instant::now();
-    let small = match shrink_comm(c) {
+    // Failures a few ms apart may be decided by two agreements: a shrunk communicator that still
+    // holds a failed member fails its first operation, and the survivors shrink it again.
+    let mut current = match shrink_comm(c) {
         Ok(s) => s,
         Err((code, msg)) => {
             println!("SHRINK_FAILED code={code} msg={msg}");
             return ExitCode::FAILURE;
         }
     };
+    let mut result = verified_allreduces(&current, 50);
+    while result.is_err() && epoch(&current) < victims.len() as u64 {
+        current = match shrink_comm(&current) {
+            Ok(s) => s,
+            Err((code, msg)) => {
+                println!("SHRINK_FAILED code={code} msg={msg}");
+                return ExitCode::FAILURE;
+            }
+        };
+        result = verified_allreduces(&current, 50);
+    }
     let shrink_ms = t.elapsed().as_millis();
-    let expected_rank = if me > victim { me - 1 } else { me };
-    let result = verified_allreduces(&small, 20);
+    let expected_rank = me - victims.iter().filter(|&&v| v < me).count() as u32;
     println!(
         "SHRUNK rank={} size={} epoch={} in_ms={shrink_ms} result={result:?}",
-        small.rank(),
-        small.size(),
-        epoch(&small)
+        current.rank(),
+        current.size(),
+        epoch(&current)
     );
-    let good = small.size() == n - 1 && small.rank() == expected_rank && epoch(&small) == 1 && result.is_ok();
+    let good = current.size() == n - victims.len() as u32 && current.rank() == expected_rank && result.is_ok();
     if good {
         ExitCode::SUCCESS
     } else {
@@ -475,8 +496,10 @@ fn main() -> ExitCode {
         "deadline" => deadline(&comm),
         "early-exit" => early_exit(&comm),
         "shrink" => {
-            let victim = std::env::args().nth(2).and_then(|v| v.parse().ok()).unwrap_or(0);
-            shrink_after_kill(&comm, victim)
+            // Victims: a comma-separated list of ranks that die at the same moment.
+            let list = std::env::args().nth(2).unwrap_or_else(|| "0".into());
+            let victims: Vec<u32> = list.split(',').filter_map(|v| v.parse().ok()).collect();
+            shrink_after_kill(&comm, &victims)
         }
         "revoke" => revoke_then_shrink(&comm),
         "freeze" => freeze(&comm),
