@@ -11,6 +11,9 @@ command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 command -v ps >/dev/null 2>&1 || need_apt+=(procps)
 command -v cargo >/dev/null 2>&1 || need_apt+=(cargo rustc)
+# etcd-client's build generates its gRPC code with protoc; the tests run a real etcd.
+command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
+command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}"

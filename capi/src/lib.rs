@@ -24,6 +24,7 @@ use hccn_runtime::{Config, Result};
 pub(crate) fn config() -> Result<Config> {
     let cfg = Config::from_env()?;
     hccn_runtime::log::init(&cfg);
+    hccn_recovery::install();
     Ok(cfg)
 }
 

@@ -2,6 +2,7 @@
 //! two ways of running it (the runtime directly, or the C ABI).
 
 pub mod capi;
+pub mod etcd;
 pub mod fixture;
 pub mod launch;
 pub mod matrix;

@@ -16,7 +16,7 @@ use hccn_runtime::{Config, StoreServer};
 use crate::args::{self, Args, UsageError};
 
 pub const USAGE: &str = "\
-usage: hccnrun -n N [--timeout SECONDS] [--grace SECONDS]
+usage: hccnrun -n N [--timeout SECONDS] [--grace SECONDS] [--store URL]
                [--elastic [--min-ranks M] [--max-restarts K]] [--] PROGRAM [ARGS...]
 
 Starts N ranks of PROGRAM on this host around an embedded rendezvous store. Each rank gets
@@ -27,6 +27,8 @@ HCCN_JOB_TOKEN; its stdout and stderr lines are prefixed with \"[rank] \". Stdin
   --timeout SECONDS    stop the job and exit 124 when it runs longer
   --grace SECONDS      after a rank fails, how long the others may finish on their own before
                        they get SIGTERM (default 3); SIGKILL follows 1 s after SIGTERM
+  --store URL          use this rendezvous store (etcd://host:port[,host:port...] or
+                       tcp://host:port) instead of hosting an embedded one
   --elastic            a rank that fails does not stop the job: the others go on (they shrink
                        or rebuild their communicators) and a replacement is started, which joins
                        at the next epoch when the survivors call hccn_comm_rebuild
@@ -55,6 +57,8 @@ pub struct Options {
     pub grace: Duration,
     /// `Some` with --elastic.
     pub elastic: Option<Elastic>,
+    /// An external store (`--store`); `None` hosts an embedded one.
+    pub store: Option<String>,
     pub program: OsString,
     pub args: Vec<OsString>,
 }
@@ -75,7 +79,7 @@ pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
     let mut nranks = None;
     let mut timeout = None;
     let mut grace = Duration::from_secs(3);
-    let (mut elastic, mut min_ranks, mut max_restarts) = (false, None, None);
+    let (mut elastic, mut min_ranks, mut max_restarts, mut store) = (false, None, None, None);
     while let Some((name, inline)) = a.next_option()? {
         match name.as_str() {
             "-h" | "--help" => return Ok(Invocation::Help),
@@ -95,6 +99,11 @@ pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
             }
             "--grace" => grace = args::seconds(&name, &a.value(&name, inline)?)?,
             "--elastic" => elastic = true,
+            "--store" => {
+                let url = a.value(&name, inline)?;
+                hccn_runtime::StoreAddr::parse(&url).map_err(|e| UsageError(e.to_string()))?;
+                store = Some(url);
+            }
             "--min-ranks" => min_ranks = Some(args::number::<u32>(&name, &a.value(&name, inline)?)?),
             "--max-restarts" => max_restarts = Some(args::number::<u32>(&name, &a.value(&name, inline)?)?),
             _ => return Err(UsageError(format!("unknown option {name}"))),
@@ -108,7 +117,7 @@ pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
         elastic.then_some(Elastic { min_ranks: min_ranks.unwrap_or(1), max_restarts: max_restarts.unwrap_or(3) });
     let mut rest = a.rest().into_iter();
     let program = rest.next().ok_or_else(|| UsageError("no PROGRAM given".into()))?;
-    Ok(Invocation::Run(Options { nranks, timeout, grace, elastic, program, args: rest.collect() }))
+    Ok(Invocation::Run(Options { nranks, timeout, grace, elastic, store, program, args: rest.collect() }))
 }
 
 /// hccnrun's entry point; returns the process exit code.
@@ -482,12 +491,20 @@ pub fn run(o: &Options) -> Result<i32, String> {
         Some(id) => id,
         None => format!("job-{}", random_hex::<4>()?),
     };
-    let store = StoreServer::start(SocketAddr::new(cfg.bind_addr, 0), token.as_bytes())
-        .map_err(|e| format!("cannot start the store: {e}"))?;
+    // The embedded store lives as long as the job; an external one is only named.
+    let (embedded, store_url) = match &o.store {
+        Some(url) => (None, url.clone()),
+        None => {
+            let s = StoreServer::start(SocketAddr::new(cfg.bind_addr, 0), token.as_bytes())
+                .map_err(|e| format!("cannot start the store: {e}"))?;
+            let url = format!("tcp://{}", s.local_addr());
+            (Some(s), url)
+        }
+    };
     let env = [
         ("HCCN_WORLD_SIZE", o.nranks.to_string()),
         ("HCCN_LOCAL_WORLD_SIZE", o.nranks.to_string()),
-        ("HCCN_STORE", format!("tcp://{}", store.local_addr())),
+        ("HCCN_STORE", store_url),
         ("HCCN_JOB_ID", job_id),
         ("HCCN_JOB_TOKEN", token),
     ];
@@ -503,7 +520,7 @@ pub fn run(o: &Options) -> Result<i32, String> {
     }
     let code = job.monitor(o, &env, started);
     job.drain();
-    drop(store);
+    drop(embedded);
     Ok(code)
 }
 

@@ -24,12 +24,38 @@ pub trait Store: Send + Sync {
 /// A parsed `HCCN_STORE` value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreAddr {
+    /// The embedded store (hosted by hccnrun, or by the rank that made a unique id).
     Tcp(SocketAddr),
+    /// An etcd v3 cluster, `host:port` endpoints; served by a connector another crate registers
+    /// (hccn-recovery), since the runtime itself knows nothing of etcd.
+    Etcd(Vec<String>),
+}
+
+/// Connects to an etcd cluster: endpoints, job token, timeout.
+pub type EtcdConnector = fn(&[String], &[u8], Duration) -> Result<Box<dyn Store>>;
+
+static ETCD: std::sync::OnceLock<EtcdConnector> = std::sync::OnceLock::new();
+
+/// Makes `etcd://` store addresses usable in this process (called by hccn-recovery's `install`).
+pub fn register_etcd(connect: EtcdConnector) {
+    let _ = ETCD.set(connect);
 }
 
 impl StoreAddr {
     pub fn parse(s: &str) -> Result<Self> {
-        let bad = |why: &str| Error::invalid(format!("store address {s:?}: {why} (expected tcp://host:port)"));
+        let bad = |why: &str| {
+            Error::invalid(format!(
+                "store address {s:?}: {why} (expected tcp://host:port or etcd://host:port[,host:port...])"
+            ))
+        };
+        if let Some(list) = s.strip_prefix("etcd://") {
+            let eps: Vec<String> =
+                list.split(',').map(str::trim).filter(|e| !e.is_empty()).map(str::to_owned).collect();
+            if eps.is_empty() || eps.iter().any(|e| !e.contains(':')) {
+                return Err(bad("every etcd endpoint needs host:port"));
+            }
+            return Ok(StoreAddr::Etcd(eps));
+        }
         let rest = s.strip_prefix("tcp://").ok_or_else(|| bad("unknown scheme"))?;
         let addr = rest
             .to_socket_addrs()
@@ -43,6 +69,15 @@ impl StoreAddr {
     pub fn connect(&self, token: &[u8], timeout: Duration) -> Result<Box<dyn Store>> {
         match self {
             StoreAddr::Tcp(addr) => Ok(Box::new(TcpStore::connect(*addr, token, timeout)?)),
+            StoreAddr::Etcd(eps) => {
+                let connect = ETCD.get().ok_or_else(|| {
+                    Error::new(
+                        crate::error::ErrorKind::Unavailable,
+                        "etcd:// stores need hccn-recovery, which this program does not include",
+                    )
+                })?;
+                connect(eps, token, timeout)
+            }
         }
     }
 }
@@ -51,6 +86,7 @@ impl std::fmt::Display for StoreAddr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             StoreAddr::Tcp(a) => write!(f, "tcp://{a}"),
+            StoreAddr::Etcd(eps) => write!(f, "etcd://{}", eps.join(",")),
         }
     }
 }

@@ -366,6 +366,7 @@ fn header(o: &Options, nranks: u32) -> Vec<String> {
 fn run(o: &Options) -> Result<bool, String> {
     let cfg = Config::from_env().map_err(|e| e.to_string())?;
     hccn_runtime::log::init(&cfg);
+    hccn_recovery::install();
     let env = LaunchEnv::from_env().map_err(|e| e.to_string())?;
     let me = env.rank;
     let comm = Communicator::init_from_env(&env, &cfg).map_err(|e| format!("rank {me}: cannot join the job: {e}"))?;

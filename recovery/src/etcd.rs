@@ -1,0 +1,117 @@
+//! The rendezvous `Store` on etcd v3. Keys live under `/hccn/`; a wait for a key is an etcd watch
+//! (no polling), and `add` is a compare-and-swap loop, so concurrent ranks never lose an update.
+//! etcd's own TLS and authentication protect the cluster; the job token still authenticates
+//! every connection between ranks.
+
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, EventType, Txn, TxnOp};
+use hccn_runtime::rendezvous::Store;
+use hccn_runtime::{Error, ErrorKind, Result};
+
+const ROOT: &str = "/hccn/";
+
+/// A store on an etcd cluster; each call blocks on the store's own single-thread runtime.
+pub struct EtcdStore {
+    rt: tokio::runtime::Runtime,
+    client: Client,
+    endpoints: Vec<String>,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore").field("endpoints", &self.endpoints).finish()
+    }
+}
+
+fn err(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::new(ErrorKind::Store, format!("etcd {what}: {e}"))
+}
+
+/// The connector the runtime calls for `etcd://` addresses.
+pub(crate) fn connect(endpoints: &[String], _token: &[u8], timeout: Duration) -> Result<Box<dyn Store>> {
+    Ok(Box::new(EtcdStore::connect(endpoints, timeout)?))
+}
+
+impl EtcdStore {
+    pub fn connect(endpoints: &[String], timeout: Duration) -> Result<EtcdStore> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::new(ErrorKind::System, format!("no runtime for etcd: {e}")))?;
+        let opts = ConnectOptions::new().with_connect_timeout(timeout).with_timeout(timeout);
+        let client = rt.block_on(Client::connect(endpoints, Some(opts))).map_err(|e| {
+            Error::new(ErrorKind::Store, format!("etcd at {} is unreachable: {e}", endpoints.join(",")))
+        })?;
+        Ok(EtcdStore { rt, client, endpoints: endpoints.to_vec(), timeout })
+    }
+
+    fn key(key: &str) -> String {
+        format!("{ROOT}{key}")
+    }
+}
+
+impl Store for EtcdStore {
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        let mut c = self.client.clone();
+        self.rt.block_on(c.put(Self::key(key), value, None)).map_err(|e| err("put", e))?;
+        Ok(())
+    }
+
+    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        let k = Self::key(key);
+        let mut c = self.client.clone();
+        self.rt.block_on(async {
+            // Watch first, then read: a put between the two is seen by one of them.
+            // Dropping the stream ends the watch.
+            let mut events = c.watch(k.as_str(), None).await.map_err(|e| err("watch", e))?;
+            let now = c.get(k.as_str(), None).await.map_err(|e| err("get", e))?;
+            if let Some(kv) = now.kvs().first() {
+                return Ok(kv.value().to_vec());
+            }
+            let wait = async {
+                while let Some(resp) = events.message().await.map_err(|e| err("watch", e))? {
+                    if let Some(ev) = resp.events().iter().find(|ev| ev.event_type() == EventType::Put) {
+                        return Ok(ev.kv().map(|kv| kv.value().to_vec()).unwrap_or_default());
+                    }
+                }
+                Err(err("watch", "the stream ended"))
+            };
+            let found = tokio::time::timeout(timeout, wait).await;
+            found.map_err(|_| {
+                Error::timeout(format!("store key {key:?} did not appear within {} ms", timeout.as_millis()))
+            })?
+        })
+    }
+
+    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        let k = Self::key(key);
+        let mut c = self.client.clone();
+        let deadline = std::time::Instant::now() + self.timeout;
+        self.rt.block_on(async {
+            loop {
+                let cur = c.get(k.as_str(), None).await.map_err(|e| err("get", e))?;
+                let (value, version) = match cur.kvs().first() {
+                    Some(kv) => {
+                        let b: [u8; 8] =
+                            kv.value().try_into().map_err(|_| err("add", "the key does not hold a counter"))?;
+                        (i64::from_le_bytes(b), kv.version())
+                    }
+                    None => (0, 0),
+                };
+                let new = value.wrapping_add(delta);
+                // Version 0 means absent: the swap only succeeds if nobody wrote in between.
+                let txn = Txn::new()
+                    .when([Compare::version(k.as_str(), CompareOp::Equal, version)])
+                    .and_then([TxnOp::put(k.as_str(), new.to_le_bytes(), None)]);
+                if c.txn(txn).await.map_err(|e| err("txn", e))?.succeeded() {
+                    return Ok(new);
+                }
+                if std::time::Instant::now() >= deadline {
+                    return Err(Error::timeout(format!("store counter {key:?}: too much contention")));
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,68 @@
+//! The etcd store against a real etcd server: store semantics, a whole job rendezvousing through
+//! it, and replacement ranks joining through its join queue.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hccn_recovery::EtcdStore;
+use hccn_runtime::rendezvous::Store;
+use hccn_runtime::ErrorKind;
+use hccn_tests::etcd::EtcdServer;
+use hccn_tests::launch;
+
+#[test]
+fn set_get_wait_and_concurrent_add() {
+    let etcd = EtcdServer::start();
+    let store =
+        Arc::new(EtcdStore::connect(std::slice::from_ref(&etcd.endpoint), Duration::from_secs(10)).expect("connect"));
+    // A wait is answered by a watch when the key appears.
+    let waiter = {
+        let store = store.clone();
+        std::thread::spawn(move || store.get("test/late", Duration::from_secs(10)))
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    store.set("test/late", b"here").expect("set");
+    assert_eq!(waiter.join().expect("join").ok(), Some(b"here".to_vec()));
+    assert_eq!(store.get("test/never", Duration::from_millis(200)).err().map(|e| e.kind()), Some(ErrorKind::Timeout));
+    // Compare-and-swap increments from several threads lose nothing.
+    let adders: Vec<_> = (0..4)
+        .map(|_| {
+            let store = store.clone();
+            std::thread::spawn(move || (0..50).for_each(|_| assert!(store.add("test/counter", 1).expect("add") > 0)))
+        })
+        .collect();
+    adders.into_iter().for_each(|t| t.join().expect("adder"));
+    assert_eq!(store.add("test/counter", 0).ok(), Some(200));
+}
+
+#[test]
+fn a_job_meets_through_etcd_and_runs_the_matrix() {
+    let etcd = EtcdServer::start();
+    let mut cmd = std::process::Command::new(launch::bin("hccnrun"));
+    cmd.args(["--store", &etcd.url(), "-n", "4", "--"]).arg(env!("CARGO_BIN_EXE_hccn-matrix")).arg("--quick");
+    cmd.env("HCCN_CHUNK_BYTES", "4096");
+    let out = launch::run(cmd, Duration::from_secs(300));
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    for r in 0..4 {
+        assert!(out.stdout.contains(&format!("[{r}] rank {r} of 4: ")), "{}", out.describe());
+    }
+}
+
+#[test]
+fn a_replacement_joins_through_the_etcd_join_queue() {
+    let etcd = EtcdServer::start();
+    let faults = PathBuf::from(env!("CARGO_BIN_EXE_hccn-faults"));
+    let mut cmd = std::process::Command::new(launch::bin("hccnrun"));
+    cmd.args(["--store", &etcd.url(), "--elastic", "--max-restarts", "1", "-n", "4", "--"]).arg(faults).arg("grow");
+    let out = launch::run(cmd, Duration::from_secs(120));
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    assert!(out.stdout.contains("[3] JOINED rank=3 size=4 epoch=1"), "{}", out.describe());
+    for r in 0..4 {
+        assert!(
+            out.stdout.contains(&format!("[{r}] GROWN rank={r} size=4 epoch=1 result=Ok(())")),
+            "{}",
+            out.describe()
+        );
+    }
+}
