@@ -1,0 +1,62 @@
+//! The examples, built and run as a user would: examples/elastic/train.c must end with the loss of
+//! a fault-free run although ranks 0 and 2 are killed (-9) during training.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use hccn_tests::launch;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn build_c(src: &Path, out: &Path) {
+    let lib = launch::bin_dir();
+    let status = Command::new("gcc")
+        .args(["-std=c99", "-O2", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(root().join("include"))
+        .arg(src)
+        .arg("-L")
+        .arg(&lib)
+        .arg("-lhccn")
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .args(["-lm", "-o"])
+        .arg(out)
+        .status()
+        .expect("run gcc");
+    assert!(status.success(), "{} does not build", src.display());
+}
+
+fn final_loss(out: &launch::Outcome) -> f64 {
+    out.stdout
+        .lines()
+        .find_map(|l| l.split("final loss ").nth(1))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no final loss: {}", out.describe()))
+}
+
+#[test]
+fn elastic_training_survives_kill_9_and_matches_a_fault_free_run() {
+    let exe = std::env::temp_dir().join(format!("hccn-elastic-train-{}", std::process::id()));
+    build_c(&root().join("examples/elastic/train.c"), &exe);
+    // cargo test puts target/debug first on the library path; the example links the release build.
+    let lib_path = launch::bin_dir().display().to_string();
+    let env = [("LD_LIBRARY_PATH", lib_path.as_str())];
+    let clean = launch::hccnrun(4, &exe, &["100"], &env, Duration::from_secs(120));
+    assert_eq!(clean.code, Some(0), "{}", clean.describe());
+
+    let mut cmd = Command::new(launch::bin("hccnrun"));
+    cmd.args(["--elastic", "-n", "4", "--"]).arg(&exe).arg("100");
+    cmd.env("TRAIN_KILL", "0:30,2:60").env("LD_LIBRARY_PATH", &lib_path);
+    let faulty = launch::run(cmd, Duration::from_secs(120));
+    let _ = std::fs::remove_file(&exe);
+    assert_eq!(faulty.code, Some(0), "{}", faulty.describe());
+    assert_eq!(faulty.stderr.matches("starting a replacement").count(), 2, "{}", faulty.describe());
+    assert!(faulty.stdout.contains("training from step 60 at epoch 2"), "{}", faulty.describe());
+    let (a, b) = (final_loss(&clean), final_loss(&faulty));
+    // The same global batches in the same order: only summation order may differ.
+    assert!((a - b).abs() <= 1e-7 + 1e-3 * a.abs(), "final loss {b} after failures, {a} without");
+    assert!(a < 1e-4, "the model did not train: final loss {a}");
+}
