@@ -62,6 +62,11 @@ typedef enum hccn_reduce_op {
 
 
 /*
+ Opaque fusion bucket: tensors added to it are allreduced together.
+ */
+typedef struct hccn_bucket hccn_bucket;
+
+/*
  Opaque communicator.
  */
 typedef struct hccn_comm hccn_comm;
@@ -109,6 +114,19 @@ hccn_result hccn_allreduce(const void *sendbuf,
                            hccn_reduce_op op,
                            struct hccn_comm *comm,
                            struct hccn_stream *stream);
+
+/*
+ Allreduce of `dt` data that travels on the wire as `wire_dt` and is accumulated in `dt`:
+ FP32 over FP16 or BF16. Error bound: docs/algorithms.md.
+ */
+hccn_result hccn_allreduce_compressed(const void *sendbuf,
+                                      void *recvbuf,
+                                      uint64_t count,
+                                      hccn_datatype dt,
+                                      hccn_datatype wire_dt,
+                                      hccn_reduce_op op,
+                                      struct hccn_comm *comm,
+                                      struct hccn_stream *stream);
 
 hccn_result hccn_broadcast(void *buf,
                            uint64_t count,
@@ -286,6 +304,35 @@ hccn_result hccn_comm_shrink(struct hccn_comm *comm, struct hccn_comm **newcomm)
 hccn_result hccn_comm_rebuild(struct hccn_comm *comm,
                               uint32_t timeout_ms,
                               struct hccn_comm **newcomm);
+
+/*
+ A bucket that fuses allreduces of `dt` with `op` over `comm`, packing up to `capacity_bytes`.
+ */
+hccn_result hccn_bucket_create(struct hccn_comm *comm,
+                               uint64_t capacity_bytes,
+                               hccn_datatype dt,
+                               hccn_reduce_op op,
+                               struct hccn_bucket **bucket);
+
+/*
+ Adds `count` elements at `buf`; may flush. `buf` belongs to the library until the flush that
+ covers it has completed.
+ */
+hccn_result hccn_bucket_add(struct hccn_bucket *bucket,
+                            void *buf,
+                            uint64_t count,
+                            struct hccn_stream *stream);
+
+/*
+ Allreduces what is pending (nothing pending: success, no communication).
+ */
+hccn_result hccn_bucket_flush(struct hccn_bucket *bucket, struct hccn_stream *stream);
+
+/*
+ Frees a bucket; NULL is a no-op. Local, so it does not flush: pending tensors are dropped
+ (flushes already queued on a stream still run).
+ */
+hccn_result hccn_bucket_destroy(struct hccn_bucket *bucket);
 
 hccn_result hccn_stream_create(struct hccn_stream **stream);
 

@@ -54,6 +54,31 @@ pub unsafe extern "C" fn hccn_allreduce(
     })
 }
 
+/// Allreduce of `dt` data that travels on the wire as `wire_dt` and is accumulated in `dt`:
+/// FP32 over FP16 or BF16. Error bound: docs/algorithms.md.
+#[no_mangle]
+pub unsafe extern "C" fn hccn_allreduce_compressed(
+    sendbuf: *const c_void,
+    recvbuf: *mut c_void,
+    count: u64,
+    dt: hccn_datatype,
+    wire_dt: hccn_datatype,
+    op: hccn_reduce_op,
+    comm: *mut hccn_comm,
+    stream: *mut hccn_stream,
+) -> hccn_result {
+    submit(comm, stream, |_| {
+        Ok(Op::AllReduceCompressed {
+            send: cp(sendbuf),
+            recv: mp(recvbuf),
+            count,
+            dt: dtype(dt)?,
+            wire: dtype(wire_dt).map_err(|e| e.context("wire_dt"))?,
+            op: rop(op)?,
+        })
+    })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn hccn_broadcast(
     buf: *mut c_void,

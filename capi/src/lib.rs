@@ -8,6 +8,7 @@ mod collectives;
 mod comm;
 mod error;
 mod ffi;
+mod fusion;
 mod stream;
 pub mod types;
 
@@ -15,6 +16,7 @@ use std::ffi::c_char;
 
 pub use collectives::*;
 pub use comm::*;
+pub use fusion::*;
 pub use stream::*;
 pub use types::*;
 

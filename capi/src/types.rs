@@ -31,6 +31,12 @@ pub struct hccn_event {
     _private: [u8; 0],
 }
 
+/// Opaque fusion bucket: tensors added to it are allreduced together.
+#[derive(Debug)]
+pub struct hccn_bucket {
+    _private: [u8; 0],
+}
+
 /// What a rank needs to join a communicator: share these bytes out of band.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]

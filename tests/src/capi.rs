@@ -27,6 +27,15 @@ pub fn check(code: hccn_result) -> Result<(), (u32, String)> {
     }
 }
 
+/// Records a failure in `failures` unless a deliberately bad call returned `want` with a
+/// message that mentions `needle`.
+pub fn expect_refusal(failures: &mut Vec<String>, what: &str, got: hccn_result, want: hccn_result, needle: &str) {
+    let msg = last_error();
+    if got != want || !msg.contains(needle) {
+        failures.push(format!("{what}: returned {got} ({msg:?}), expected {want} mentioning {needle:?}"));
+    }
+}
+
 impl CComm {
     /// `hccn_init_from_env`, as under hccnrun.
     pub fn from_env() -> Result<CComm, (u32, String)> {
@@ -71,6 +80,9 @@ impl Coll for CComm {
             match op {
                 Op::AllReduce { send, recv, count, dt, op } => {
                     hccn_allreduce(v(send), v(recv), count, dt as u32, op as u32, c, s)
+                }
+                Op::AllReduceCompressed { send, recv, count, dt, wire, op } => {
+                    hccn_allreduce_compressed(v(send), v(recv), count, dt as u32, wire as u32, op as u32, c, s)
                 }
                 Op::Broadcast { buf, count, dt, root } => hccn_broadcast(v(buf), count, dt as u32, root, c, s),
                 Op::Reduce { send, recv, count, dt, op, root } => {

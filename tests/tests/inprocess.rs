@@ -65,3 +65,38 @@ fn abort_wakes_an_operation_blocked_on_a_stream() {
     let later = unsafe { comms[0].submit(Op::Barrier, None) }.err().map(|e| e.kind());
     assert_eq!(later, Some(ErrorKind::Aborted));
 }
+
+#[test]
+fn chunk_sizes_that_split_elements_still_reduce_exactly() {
+    // 4097 is a valid HCCN_CHUNK_BYTES but not a multiple of any element size above 1.
+    let cfg = Config { chunk_bytes: 4097, ..config() };
+    let dtypes = [DataType::Fp32, DataType::Int64, DataType::Bf16];
+    let comms = world(3, &cfg);
+    let reports: Vec<_> =
+        comms.into_iter().map(|c| std::thread::spawn(move || matrix::run(&c, &dtypes, &[4099]))).collect();
+    for h in reports {
+        let rep = h.join().expect("rank thread");
+        assert!(rep.failures.is_empty(), "{:#?}", &rep.failures[..rep.failures.len().min(10)]);
+    }
+}
+
+#[test]
+fn bucket_flushes_when_full_and_reduces_oversized_tensors_alone() {
+    use hccn_runtime::{Bucket, Ptr, ReduceOp};
+    let comm = world(1, &config()).remove(0);
+    // 25 FP32 elements per fused allreduce.
+    let mut b = Bucket::new(comm, 100, DataType::Fp32, ReduceOp::Sum).expect("bucket");
+    let mut bufs: Vec<Vec<f32>> = [10, 10, 10, 15, 0, 30, 5].iter().map(|&n| vec![1.5; n]).collect();
+    // Collectives launched after each add: the third add flushes the first two, the fourth fills
+    // the bucket (flush), count 0 does nothing, 30 elements are more than the bucket holds.
+    let want = [0, 0, 1, 2, 2, 3, 3];
+    for (i, buf) in bufs.iter_mut().enumerate() {
+        // SAFETY: every buffer lives, untouched, until the flush below returns (no stream).
+        unsafe { b.add(Ptr::from_mut(buf.as_mut_ptr()), buf.len() as u64, None) }.expect("add");
+        assert_eq!(b.collectives(), want[i], "after add {i}");
+    }
+    b.flush(None).expect("flush");
+    b.flush(None).expect("flush with nothing pending");
+    assert_eq!(b.collectives(), 4);
+    assert!(bufs.iter().all(|v| v.iter().all(|x| *x == 1.5)), "a world of one reduces to the input");
+}

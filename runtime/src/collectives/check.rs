@@ -3,7 +3,8 @@
 //! as a [`Work`] in bytes. Nothing is touched when a check fails.
 
 use super::{Block, Op, Ptr, Work};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
+use crate::reduce::narrow;
 use crate::types::DataType;
 
 /// What validation needs to know of the communicator.
@@ -92,6 +93,45 @@ fn span(b: &[Block]) -> usize {
     b.iter().map(|b| b.end).max().unwrap_or(0)
 }
 
+/// The byte size of an allreduce's buffers, which must be non-NULL and disjoint or identical.
+fn allreduce_buffers(send: Ptr, recv: Ptr, count: u64, dt: DataType, op: &str) -> Result<usize> {
+    let bytes = dt.bytes(count)?;
+    need(send, bytes, "sendbuf", op)?;
+    need(recv, bytes, "recvbuf", op)?;
+    let (s, r) = (range(send, bytes, "sendbuf", op)?, range(recv, bytes, "recvbuf", op)?);
+    disjoint_or_in_place(&s, &r, Some(r.start), "sendbuf and recvbuf", op)?;
+    Ok(bytes)
+}
+
+/// Compression moves `dt` data as `wire`: FP32 over FP16 or BF16. Other narrowing float pairs
+/// make sense but are not implemented; anything else is a mistake.
+fn compression(dt: DataType, wire: DataType, op: &str) -> Result<()> {
+    let supported = "supported: dt fp32 with wire_dt fp16 or bf16";
+    if dt == DataType::Fp32 && narrow::is_wire(wire) {
+        Ok(())
+    } else if dt.is_float() && wire.is_float() && wire.size() < dt.size() {
+        Err(Error::new(
+            ErrorKind::NotSupported,
+            format!("{op}: {} data over a {} wire is not implemented ({supported})", dt.name(), wire.name()),
+        ))
+    } else {
+        Err(Error::invalid(format!(
+            "{op}: wire_dt {} cannot carry dt {}: compression needs a floating-point dt and a narrower floating-point wire_dt ({supported})",
+            wire.name(),
+            dt.name()
+        )))
+    }
+}
+
+/// Checks one caller buffer of `count` elements outside a collective (a tensor added to a
+/// fusion bucket): its byte size must fit in memory and it must be non-NULL unless empty.
+/// Returns its address range.
+pub(crate) fn buffer(p: Ptr, count: u64, dt: DataType, name: &str, op: &str) -> Result<Block> {
+    let bytes = dt.bytes(count).map_err(|e| e.context(op))?;
+    need(p, bytes, name, op)?;
+    range(p, bytes, name, op)
+}
+
 /// Checks `op` for a communicator of `shape`; `p2p_seq` yields the next point-to-point sequence
 /// number toward (send) or from (recv) a peer, consumed only when the op is valid.
 pub(crate) fn validate(op: &Op, shape: &Shape, p2p_seq: &mut dyn FnMut(bool, u32) -> u64) -> Result<Work> {
@@ -99,12 +139,13 @@ pub(crate) fn validate(op: &Op, shape: &Shape, p2p_seq: &mut dyn FnMut(bool, u32
     let name = op.name();
     let work = match op {
         Op::AllReduce { send, recv, count, dt, op } => {
-            let bytes = dt.bytes(*count)?;
-            need(*send, bytes, "sendbuf", name)?;
-            need(*recv, bytes, "recvbuf", name)?;
-            let (s, r) = (range(*send, bytes, "sendbuf", name)?, range(*recv, bytes, "recvbuf", name)?);
-            disjoint_or_in_place(&s, &r, Some(r.start), "sendbuf and recvbuf", name)?;
+            let bytes = allreduce_buffers(*send, *recv, *count, *dt, name)?;
             Work::Reduce { send: *send, recv: *recv, bytes, dt: *dt, op: *op, root: None }
+        }
+        Op::AllReduceCompressed { send, recv, count, dt, wire, op } => {
+            compression(*dt, *wire, name)?;
+            let bytes = allreduce_buffers(*send, *recv, *count, *dt, name)?;
+            Work::ReduceCompressed { send: *send, recv: *recv, bytes, wire: *wire, op: *op }
         }
         Op::Reduce { send, recv, count, dt, op, root } => {
             rank_arg(*root, "root", name, size)?;
@@ -230,7 +271,9 @@ pub(crate) fn validate(op: &Op, shape: &Shape, p2p_seq: &mut dyn FnMut(bool, u32
 /// True when every rank would move zero bytes (count 0), so no message is needed.
 fn moves_nothing(w: &Work) -> bool {
     match w {
-        Work::Reduce { bytes, .. } | Work::Broadcast { bytes, .. } => *bytes == 0,
+        Work::Reduce { bytes, .. } | Work::ReduceCompressed { bytes, .. } | Work::Broadcast { bytes, .. } => {
+            *bytes == 0
+        }
         Work::ReduceScatter { block_bytes, .. } => *block_bytes == 0,
         Work::Gather { blocks, .. } | Work::Scatter { blocks, .. } => blocks.iter().all(|b| b.is_empty()),
         Work::AllToAll { send_blocks, recv_blocks, .. } => {
@@ -250,6 +293,10 @@ mod tests {
         Ptr(addr as *mut u8)
     }
 
+    fn compressed(dt: DataType, wire: DataType, send: Ptr, recv: Ptr) -> Op {
+        Op::AllReduceCompressed { send, recv, count: 4, dt, wire, op: ReduceOp::Sum }
+    }
+
     fn check(op: Op, rank: u32, size: u32) -> std::result::Result<Work, ErrorKind> {
         validate(&op, &Shape { rank, size }, &mut |_, _| 0).map_err(|e| e.kind())
     }
@@ -267,6 +314,12 @@ mod tests {
                 InvalidArgument,
             ),
             (Op::Broadcast { buf: p(4096), count: 1, dt, root: 4 }, 0, InvalidArgument),
+            (compressed(DataType::Fp32, DataType::Fp32, p(4096), p(8192)), 0, InvalidArgument),
+            (compressed(DataType::Int32, DataType::Int16, p(4096), p(8192)), 0, InvalidArgument),
+            (compressed(DataType::Fp16, DataType::Fp32, p(4096), p(8192)), 0, InvalidArgument),
+            (compressed(DataType::Fp64, DataType::Bf16, p(4096), p(8192)), 0, NotSupported),
+            (compressed(dt, DataType::Bf16, Ptr::null(), p(8192)), 0, NullPointer),
+            (compressed(dt, DataType::Fp16, p(4096), p(4098)), 0, InvalidArgument),
             (Op::Reduce { send: p(4096), recv: Ptr::null(), count: 1, dt, op: ReduceOp::Max, root: 0 }, 0, NullPointer),
             (Op::Reduce { send: p(4096), recv: Ptr::null(), count: 1, dt, op: ReduceOp::Max, root: 0 }, 1, NullPointer),
             (Op::Scatter { send: Ptr::null(), recv: p(4096), recv_count: 1, dt, root: 0 }, 2, NullPointer),
@@ -315,6 +368,17 @@ mod tests {
         )
         .is_ok());
         let w = check(Op::AllReduce { send: Ptr::null(), recv: Ptr::null(), count: 0, dt, op: ReduceOp::Sum }, 0, 4);
+        assert!(matches!(w, Ok(Work::Nothing)));
+        assert!(check(compressed(DataType::Fp32, DataType::Bf16, p(4096), p(4096)), 1, 4).is_ok());
+        let empty = Op::AllReduceCompressed {
+            send: Ptr::null(),
+            recv: Ptr::null(),
+            count: 0,
+            dt: DataType::Fp32,
+            wire: DataType::Fp16,
+            op: ReduceOp::Avg,
+        };
+        let w = check(empty, 0, 4);
         assert!(matches!(w, Ok(Work::Nothing)));
     }
 }

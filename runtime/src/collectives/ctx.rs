@@ -30,9 +30,10 @@ impl<'a> Ctx<'a> {
         self.comm.members.len() as u32
     }
 
-    /// Pipeline chunk in bytes.
+    /// Pipeline chunk in bytes, a multiple of 8 so that chunks never split an element of any
+    /// data type (HCCN_CHUNK_BYTES may be any number in its range).
     pub fn chunk(&self) -> usize {
-        self.comm.chunk_bytes
+        (self.comm.chunk_bytes & !7).max(8)
     }
 
     /// Splits `len` bytes into pipeline chunks (none for 0).

@@ -9,6 +9,7 @@ mod linear;
 mod p2p;
 mod pairwise;
 mod ring;
+mod ring_compressed;
 pub(crate) mod select;
 mod tree;
 
@@ -58,6 +59,15 @@ pub enum Op {
         recv: Ptr,
         count: u64,
         dt: DataType,
+        op: ReduceOp,
+    },
+    /// Allreduce of `dt` data that travels on the wire as `wire` (FP32 over FP16 or BF16).
+    AllReduceCompressed {
+        send: Ptr,
+        recv: Ptr,
+        count: u64,
+        dt: DataType,
+        wire: DataType,
         op: ReduceOp,
     },
     Broadcast {
@@ -143,6 +153,7 @@ impl Op {
     pub fn name(&self) -> &'static str {
         match self {
             Op::AllReduce { .. } => "allreduce",
+            Op::AllReduceCompressed { .. } => "allreduce_compressed",
             Op::Broadcast { .. } => "broadcast",
             Op::Reduce { .. } => "reduce",
             Op::AllGather { .. } => "allgather",
@@ -173,6 +184,14 @@ pub(crate) enum Work {
         dt: DataType,
         op: ReduceOp,
         root: Option<u32>,
+    },
+    /// Allreduce of f32 data carried on the wire as `wire`.
+    ReduceCompressed {
+        send: Ptr,
+        recv: Ptr,
+        bytes: usize,
+        wire: DataType,
+        op: ReduceOp,
     },
     Broadcast {
         buf: Ptr,
@@ -231,6 +250,9 @@ pub(crate) trait Algorithm: Sync {
     fn reduce(&self, _ctx: &Ctx<'_>, _w: &mut ReduceArgs<'_>) -> Result<()> {
         Err(unsupported(self.name(), "reduce"))
     }
+    fn allreduce_compressed(&self, _ctx: &Ctx<'_>, _w: &mut CompressedArgs<'_>) -> Result<()> {
+        Err(unsupported(self.name(), "allreduce_compressed"))
+    }
     fn broadcast(&self, _ctx: &Ctx<'_>, _buf: &mut [u8], _root: u32) -> Result<()> {
         Err(unsupported(self.name(), "broadcast"))
     }
@@ -262,6 +284,14 @@ pub(crate) struct ReduceArgs<'a> {
     pub dt: DataType,
     pub op: ReduceOp,
     pub root: Option<u32>,
+}
+
+/// Compressed allreduce over the f32 elements of `acc`, which holds this rank's contribution on
+/// entry and the result on return.
+pub(crate) struct CompressedArgs<'a> {
+    pub acc: &'a mut [u8],
+    pub wire: DataType,
+    pub op: ReduceOp,
 }
 
 /// Allgather(v) or gather into `recv` (whose own block is already filled); `recv` is empty on
@@ -364,6 +394,18 @@ pub(crate) unsafe fn execute(ctx: &Ctx<'_>, work: &Work) -> Result<()> {
             algo.reduce(ctx, &mut args)?;
             if *op == ReduceOp::Avg && owns_result {
                 reduce::finish_avg(args.acc, *dt, n);
+            }
+            Ok(())
+        }
+        Work::ReduceCompressed { send, recv, bytes, wire, op } => {
+            // SAFETY: buffers per the contract stated above the match.
+            unsafe { copy(*send, *recv, *bytes) };
+            // SAFETY: buffers per the contract stated above the match.
+            let acc = unsafe { view_mut(*recv, *bytes) };
+            let mut args = CompressedArgs { acc, wire: *wire, op: *op };
+            algo.allreduce_compressed(ctx, &mut args)?;
+            if *op == ReduceOp::Avg {
+                reduce::finish_avg(args.acc, DataType::Fp32, n);
             }
             Ok(())
         }

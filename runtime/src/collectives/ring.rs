@@ -1,15 +1,55 @@
 //! Pipelined ring: allreduce as reduce-scatter then allgather around the ring, reduce-scatter,
 //! and allgather(v). Each step moves one block to the next rank in chunks, so the reduction of
 //! chunk k overlaps the transfer of chunk k+1. Bytes on the wire per rank: 2(n-1)/n * size for
-//! allreduce, (n-1)/n * size for the others.
+//! allreduce, (n-1)/n * size for the others. A [`Codec`] says how a chunk of the working buffer
+//! travels: as it is here, converted to a narrower type in `ring_compressed.rs`.
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 use super::{Algorithm, Ctx, GatherArgs, ReduceArgs, ReduceScatterArgs};
 use crate::error::Result;
+use crate::reduce;
 use crate::types::{DataType, ReduceOp};
 
 pub(crate) struct Ring;
+
+/// How ring steps carry chunks of the working buffer. Chunks are cut from the working buffer
+/// at element boundaries, so a codec always sees whole elements.
+pub(super) trait Codec {
+    /// Element size of the working buffer.
+    fn esize(&self) -> usize;
+    /// Bytes on the wire for `len` bytes of the working buffer.
+    fn wire_len(&self, len: usize) -> usize;
+    /// What is sent for `chunk` of the working buffer.
+    fn encode<'a>(&self, chunk: &'a [u8]) -> Cow<'a, [u8]>;
+    /// Stores the received `wire` bytes into `dst`, or combines them into it (`op = Some`).
+    fn decode(&self, dst: &mut [u8], wire: &[u8], op: Option<ReduceOp>);
+    /// Brings a segment that is fully reduced on its owner to what the other ranks will receive
+    /// for it, so that all ranks end with the same bits.
+    fn settle(&self, _segment: &mut [u8]) {}
+}
+
+/// Data travels as it is.
+struct Plain(DataType);
+
+impl Codec for Plain {
+    fn esize(&self) -> usize {
+        self.0.size()
+    }
+    fn wire_len(&self, len: usize) -> usize {
+        len
+    }
+    fn encode<'a>(&self, chunk: &'a [u8]) -> Cow<'a, [u8]> {
+        Cow::Borrowed(chunk)
+    }
+    fn decode(&self, dst: &mut [u8], wire: &[u8], op: Option<ReduceOp>) {
+        match op {
+            Some(op) => reduce::reduce_into(dst, wire, self.0, op),
+            None => dst.copy_from_slice(wire),
+        }
+    }
+}
 
 /// Splits `bytes` into `n` element-aligned segments, differing by at most one element.
 fn segments(bytes: usize, esize: usize, n: u32) -> Vec<Range<usize>> {
@@ -19,14 +59,15 @@ fn segments(bytes: usize, esize: usize, n: u32) -> Vec<Range<usize>> {
 }
 
 /// One ring step: send `buf[out]` to `next` and receive `in_` from `prev`, chunk by chunk;
-/// received chunks are reduced into `buf` (`reduce = Some`) or stored.
+/// received chunks are reduced into `buf` (`op = Some`) or stored.
 fn step(
     ctx: &Ctx<'_>,
     tag: u32,
     buf: &mut [u8],
     out: Range<usize>,
     in_: Range<usize>,
-    reduce: Option<(DataType, ReduceOp)>,
+    codec: &dyn Codec,
+    op: Option<ReduceOp>,
 ) -> Result<()> {
     let n = ctx.size();
     let (next, prev) = ((ctx.rank() + 1) % n, (ctx.rank() + n - 1) % n);
@@ -34,15 +75,13 @@ fn step(
     for c in 0..k_out.max(k_in) {
         if c < k_out {
             let r = ctx.chunk_range(out.len(), c);
-            ctx.send(next, tag, &buf[out.start + r.start..out.start + r.end])?;
+            ctx.send(next, tag, &codec.encode(&buf[out.start + r.start..out.start + r.end]))?;
         }
         if c < k_in {
             let r = ctx.chunk_range(in_.len(), c);
             let dst = &mut buf[in_.start + r.start..in_.start + r.end];
-            match reduce {
-                Some((dt, op)) => ctx.recv_reduce(prev, tag, dst, dt, op)?,
-                None => ctx.recv_into(prev, tag, dst)?,
-            }
+            let data = ctx.recv(prev, tag, codec.wire_len(dst.len()))?;
+            codec.decode(dst, &data, op);
         }
     }
     Ok(())
@@ -55,7 +94,7 @@ fn reduce_scatter_phase(
     buf: &mut [u8],
     segs: &[Range<usize>],
     shift: u32,
-    dt: DataType,
+    codec: &dyn Codec,
     op: ReduceOp,
 ) -> Result<u32> {
     let n = ctx.size();
@@ -63,9 +102,25 @@ fn reduce_scatter_phase(
     for s in 0..n - 1 {
         let out = segs[((r + 2 * n - s) % n) as usize].clone();
         let in_ = segs[((r + 2 * n - s - 1) % n) as usize].clone();
-        step(ctx, s, buf, out, in_, Some((dt, op)))?;
+        step(ctx, s, buf, out, in_, codec, Some(op))?;
     }
     Ok(n - 1)
+}
+
+/// Allreduce of `buf` (this rank's contribution on entry, the result on return): reduce-scatter,
+/// then the owner of each segment settles it and the segments circulate.
+pub(super) fn allreduce(ctx: &Ctx<'_>, buf: &mut [u8], codec: &dyn Codec, op: ReduceOp) -> Result<()> {
+    let n = ctx.size();
+    let r = ctx.rank();
+    let segs = segments(buf.len(), codec.esize(), n);
+    let first = reduce_scatter_phase(ctx, buf, &segs, 0, codec, op)?;
+    codec.settle(&mut buf[segs[((r + 1) % n) as usize].clone()]);
+    for s in 0..n - 1 {
+        let out = segs[((r + 1 + n - s) % n) as usize].clone();
+        let in_ = segs[((r + n - s) % n) as usize].clone();
+        step(ctx, first + s, buf, out, in_, codec, None)?;
+    }
+    Ok(())
 }
 
 impl Algorithm for Ring {
@@ -74,20 +129,7 @@ impl Algorithm for Ring {
     }
 
     fn reduce(&self, ctx: &Ctx<'_>, w: &mut ReduceArgs<'_>) -> Result<()> {
-        let n = ctx.size();
-        if n == 1 {
-            return Ok(());
-        }
-        let segs = segments(w.acc.len(), w.dt.size(), n);
-        let first = reduce_scatter_phase(ctx, w.acc, &segs, 0, w.dt, w.op)?;
-        // Allgather phase: circulate the reduced segments.
-        let r = ctx.rank();
-        for s in 0..n - 1 {
-            let out = segs[((r + 1 + n - s) % n) as usize].clone();
-            let in_ = segs[((r + n - s) % n) as usize].clone();
-            step(ctx, first + s, w.acc, out, in_, None)?;
-        }
-        Ok(())
+        allreduce(ctx, w.acc, &Plain(w.dt), w.op)
     }
 
     fn reduce_scatter(&self, ctx: &Ctx<'_>, w: &mut ReduceScatterArgs<'_>) -> Result<()> {
@@ -96,7 +138,7 @@ impl Algorithm for Ring {
         let segs: Vec<Range<usize>> = (0..n as usize).map(|i| i * w.block_bytes..(i + 1) * w.block_bytes).collect();
         if n > 1 {
             // Shift by one so that the segment this rank ends with is its own.
-            reduce_scatter_phase(ctx, &mut work, &segs, 1, w.dt, w.op)?;
+            reduce_scatter_phase(ctx, &mut work, &segs, 1, &Plain(w.dt), w.op)?;
         }
         w.out.copy_from_slice(&work[segs[ctx.rank() as usize].clone()]);
         Ok(())
@@ -105,10 +147,12 @@ impl Algorithm for Ring {
     fn gather(&self, ctx: &Ctx<'_>, w: &mut GatherArgs<'_>) -> Result<()> {
         let n = ctx.size();
         let r = ctx.rank();
+        // Bytes are moved, never combined: any element size will do.
+        let plain = Plain(DataType::Uint8);
         for s in 0..n - 1 {
             let out = w.blocks[((r + n - s) % n) as usize].clone();
             let in_ = w.blocks[((r + 2 * n - s - 1) % n) as usize].clone();
-            step(ctx, s, w.recv, out, in_, None)?;
+            step(ctx, s, w.recv, out, in_, &plain, None)?;
         }
         Ok(())
     }

@@ -4,6 +4,8 @@
 //! typed loop that the compiler vectorises, the rest an unaligned element loop. FP16 and BF16 are
 //! computed in f32 and rounded once per step; integers wrap, as in NCCL.
 
+pub mod narrow;
+
 use half::{bf16, f16};
 
 use crate::types::{DataType, ReduceOp};
