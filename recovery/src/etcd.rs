@@ -52,14 +52,51 @@ impl EtcdStore {
     }
 }
 
+impl EtcdStore {
+    /// Runs `op` until it succeeds or the store's timeout passes: while a member is down or a
+    /// leader is being elected, requests fail for a moment and the next one may succeed through
+    /// another member. Timeouts of the operation itself are final.
+    fn retry<T>(&self, what: &str, mut op: impl FnMut() -> Result<T>) -> Result<T> {
+        let deadline = std::time::Instant::now() + self.timeout;
+        loop {
+            match op() {
+                Err(e) if e.kind() == ErrorKind::Store && std::time::Instant::now() < deadline => {
+                    tracing::debug!("etcd {what} will be retried: {e}");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) if e.kind() == ErrorKind::Store => {
+                    return Err(e.context(format!(
+                        "etcd at {} gave no answer within {} ms (no leader, or unreachable)",
+                        self.endpoints.join(","),
+                        self.timeout.as_millis()
+                    )))
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
 impl Store for EtcdStore {
     fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        let mut c = self.client.clone();
-        self.rt.block_on(c.put(Self::key(key), value, None)).map_err(|e| err("put", e))?;
-        Ok(())
+        self.retry("put", || {
+            let mut c = self.client.clone();
+            self.rt.block_on(c.put(Self::key(key), value, None)).map_err(|e| err("put", e))?;
+            Ok(())
+        })
     }
 
     fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        self.retry("get", || self.get_once(key, timeout))
+    }
+
+    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        self.retry("add", || self.add_once(key, delta))
+    }
+}
+
+impl EtcdStore {
+    fn get_once(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
         let k = Self::key(key);
         let mut c = self.client.clone();
         self.rt.block_on(async {
@@ -85,7 +122,7 @@ impl Store for EtcdStore {
         })
     }
 
-    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+    fn add_once(&self, key: &str, delta: i64) -> Result<i64> {
         let k = Self::key(key);
         let mut c = self.client.clone();
         let deadline = std::time::Instant::now() + self.timeout;

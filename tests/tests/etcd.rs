@@ -66,3 +66,31 @@ fn a_replacement_joins_through_the_etcd_join_queue() {
         );
     }
 }
+
+#[test]
+fn losing_the_etcd_leader_stops_neither_training_nor_the_next_rebuild() {
+    let mut etcd = EtcdServer::cluster(3);
+    let url = etcd.url();
+    let job = std::thread::spawn(move || {
+        let faults = PathBuf::from(env!("CARGO_BIN_EXE_hccn-faults"));
+        let mut cmd = std::process::Command::new(launch::bin("hccnrun"));
+        cmd.args(["--store", &url, "--elastic", "--max-restarts", "1", "-n", "4", "--"]).arg(faults).arg("grow");
+        cmd.env("TEST_KILL_DELAY_MS", "2500").env("HCCN_TIMEOUT_MS", "20000");
+        launch::run(cmd, Duration::from_secs(120))
+    });
+    // While the ranks train (their collectives never touch etcd), the leader dies; the rank
+    // failure at 2.5 s then needs a membership change through the re-elected cluster.
+    std::thread::sleep(Duration::from_millis(800));
+    let leader = etcd.leader().expect("a leader");
+    etcd.kill(leader);
+    let out = job.join().expect("job thread");
+    assert_eq!(out.code, Some(0), "killed etcd member {leader}: {}", out.describe());
+    assert!(out.stdout.contains("[3] JOINED rank=3 size=4 epoch=1"), "{}", out.describe());
+    for r in 0..4 {
+        assert!(
+            out.stdout.contains(&format!("[{r}] GROWN rank={r} size=4 epoch=1 result=Ok(())")),
+            "{}",
+            out.describe()
+        );
+    }
+}

@@ -424,8 +424,10 @@ fn grow(c: CComm) -> ExitCode {
         c
     } else {
         if me == n - 1 {
-            std::thread::spawn(|| {
-                std::thread::sleep(Duration::from_millis(150));
+            // TEST_KILL_DELAY_MS lets a test act (kill the etcd leader, say) while ranks train.
+            let delay = std::env::var("TEST_KILL_DELAY_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(150);
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(delay));
                 // SAFETY: raising a signal at ourselves.
                 unsafe { libc::raise(libc::SIGKILL) };
             });
