@@ -93,6 +93,29 @@ impl Store for EtcdStore {
     fn add(&self, key: &str, delta: i64) -> Result<i64> {
         self.retry("add", || self.add_once(key, delta))
     }
+
+    fn create(&self, key: &str, value: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.retry("create", || {
+            let k = Self::key(key);
+            let mut c = self.client.clone();
+            self.rt.block_on(async {
+                // Version 0: the key does not exist. Either way the reply carries what is there.
+                let txn = Txn::new()
+                    .when([Compare::version(k.as_str(), CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(k.as_str(), value, None)])
+                    .or_else([TxnOp::get(k.as_str(), None)]);
+                let resp = c.txn(txn).await.map_err(|e| err("txn", e))?;
+                if resp.succeeded() {
+                    return Ok(None);
+                }
+                let existing = resp.op_responses().into_iter().find_map(|r| match r {
+                    etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
+                    _ => None,
+                });
+                Ok(Some(existing.unwrap_or_default()))
+            })
+        })
+    }
 }
 
 impl EtcdStore {

@@ -34,6 +34,9 @@ fn set_get_wait_and_concurrent_add() {
         .collect();
     adders.into_iter().for_each(|t| t.join().expect("adder"));
     assert_eq!(store.add("test/counter", 0).ok(), Some(200));
+    // Create-only records: the first decision for a key wins, later ones see it.
+    assert_eq!(store.create("test/epochs/1", b"first").ok(), Some(None));
+    assert_eq!(store.create("test/epochs/1", b"second").ok(), Some(Some(b"first".to_vec())));
 }
 
 #[test]

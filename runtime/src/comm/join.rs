@@ -3,8 +3,9 @@
 //!
 //! Keys under the world's prefix P: `P/formed` (the world exists, so later arrivals are
 //! joiners), `P/join/next` (ticket counter), `P/join/<t>/addr` (joiner t's listening address),
-//! `P/join/<t>/admit` (its admission: id, epoch, rank, size, the other joiners), and
-//! `P/join/admitted` (the last ticket admitted). Survivors connect to the joiners they admit;
+//! `P/join/<t>/admit` (its admission: id, epoch, rank, size, the other joiners),
+//! `P/join/admitted` (the last ticket admitted), and `P/epochs/<e>` (the decision for epoch e,
+//! written once by compare-and-swap). Survivors connect to the joiners they admit;
 //! a joiner accepts from every lower rank and connects to the joiners after it.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -33,6 +34,10 @@ fn addr_key(prefix: &str, ticket: u64) -> String {
 
 fn admit_key(prefix: &str, ticket: u64) -> String {
     format!("{prefix}/join/{ticket}/admit")
+}
+
+fn epoch_key(prefix: &str, epoch: u64) -> String {
+    format!("{prefix}/epochs/{epoch}")
 }
 
 fn admitted_key(prefix: &str) -> String {
@@ -236,6 +241,17 @@ fn admit(
     let lost: Vec<u8> = failed.iter().flat_map(|r| r.to_le_bytes()).collect();
     let id = derive_id(&[&old_id.to_le_bytes(), b"rebuild", &epoch.to_le_bytes(), &lost, &tickets]);
     let adm = Admission { id, epoch, survivors, joiners };
+    // One decision per epoch: whoever records first wins; a group that decided differently for
+    // the same epoch (a partition) learns it here instead of forking the job.
+    let decision: Vec<u8> = lost.iter().chain(&tickets).copied().collect();
+    if let Some(other) = store.create(&epoch_key(prefix, epoch), &decision)? {
+        if other != decision {
+            return Err(Error::new(
+                ErrorKind::StaleEpoch,
+                format!("another membership decision is already recorded for epoch {epoch}; this group is stale"),
+            ));
+        }
+    }
     let record = adm.encode();
     for (t, _) in &adm.joiners {
         store.set(&admit_key(prefix, *t), &record)?;

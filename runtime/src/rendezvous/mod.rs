@@ -19,6 +19,9 @@ pub trait Store: Send + Sync {
     fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>>;
     /// Adds `delta` to the integer at `key` (0 when absent) and returns the new value.
     fn add(&self, key: &str, delta: i64) -> Result<i64>;
+    /// Sets `key` only if it does not exist (compare-and-swap on absence): `None` when this call
+    /// created it, else the value already there.
+    fn create(&self, key: &str, value: &[u8]) -> Result<Option<Vec<u8>>>;
 }
 
 /// A parsed `HCCN_STORE` value.

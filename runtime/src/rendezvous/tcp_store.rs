@@ -17,10 +17,12 @@ use crate::error::{Error, ErrorKind, Result};
 const OP_SET: u8 = 1;
 const OP_GET: u8 = 2;
 const OP_ADD: u8 = 3;
+const OP_CREATE: u8 = 4;
 
 const ST_OK: u8 = 0;
 const ST_TIMEOUT: u8 = 1;
 const ST_BAD: u8 = 2;
+const ST_EXISTS: u8 = 3;
 
 /// Limits on what one request may carry.
 pub const MAX_KEY_BYTES: usize = 4096;
@@ -186,6 +188,19 @@ fn serve(conn: &mut TcpStream, data: &Data, stop: &AtomicBool) -> Result<()> {
                 data.changed.notify_all();
                 reply(conn, ST_OK, &new.to_le_bytes())?;
             }
+            OP_CREATE => {
+                let mut map = data.lock();
+                let existing = map.get(&key).cloned();
+                if existing.is_none() {
+                    map.insert(key, val);
+                }
+                drop(map);
+                data.changed.notify_all();
+                match existing {
+                    Some(v) => reply(conn, ST_EXISTS, &v)?,
+                    None => reply(conn, ST_OK, &[])?,
+                }
+            }
             other => {
                 reply(conn, ST_BAD, format!("unknown store op {other}").as_bytes())?;
                 return Err(Error::new(ErrorKind::Store, format!("unknown store op {other}")));
@@ -265,6 +280,14 @@ impl Store for TcpStore {
         }
     }
 
+    fn create(&self, key: &str, value: &[u8]) -> Result<Option<Vec<u8>>> {
+        match self.request(OP_CREATE, key, value, Duration::ZERO)? {
+            (ST_OK, _) => Ok(None),
+            (ST_EXISTS, v) => Ok(Some(v)),
+            (_, why) => Err(Error::new(ErrorKind::Store, String::from_utf8_lossy(&why).into_owned())),
+        }
+    }
+
     fn add(&self, key: &str, delta: i64) -> Result<i64> {
         match self.request(OP_ADD, key, &delta.to_le_bytes(), Duration::ZERO)? {
             (ST_OK, v) if v.len() == 8 => Ok(i64::from_le_bytes(v.try_into().unwrap_or([0; 8]))),
@@ -288,6 +311,8 @@ mod tests {
         assert_eq!(waiter.join().expect("join").ok(), Some(b"value".to_vec()));
         assert_eq!(a.add("n", 2).ok(), Some(2));
         assert_eq!(a.add("n", 3).ok(), Some(5));
+        assert_eq!(a.create("once", b"first").ok(), Some(None));
+        assert_eq!(a.create("once", b"second").ok(), Some(Some(b"first".to_vec())));
         let e = a.get("never", Duration::from_millis(50)).err().map(|e| e.kind());
         assert_eq!(e, Some(ErrorKind::Timeout));
     }
