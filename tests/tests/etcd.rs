@@ -13,7 +13,7 @@ use hccn_tests::launch;
 
 #[test]
 fn set_get_wait_and_concurrent_add() {
-    let etcd = EtcdServer::start();
+    let etcd = EtcdServer::start().expect("etcd");
     let store =
         Arc::new(EtcdStore::connect(std::slice::from_ref(&etcd.endpoint), Duration::from_secs(10)).expect("connect"));
     // A wait is answered by a watch when the key appears.
@@ -41,7 +41,7 @@ fn set_get_wait_and_concurrent_add() {
 
 #[test]
 fn a_job_meets_through_etcd_and_runs_the_matrix() {
-    let etcd = EtcdServer::start();
+    let etcd = EtcdServer::start().expect("etcd");
     let mut cmd = std::process::Command::new(launch::bin("hccnrun"));
     cmd.args(["--store", &etcd.url(), "-n", "4", "--"]).arg(env!("CARGO_BIN_EXE_hccn-matrix")).arg("--quick");
     cmd.env("HCCN_CHUNK_BYTES", "4096");
@@ -54,7 +54,7 @@ fn a_job_meets_through_etcd_and_runs_the_matrix() {
 
 #[test]
 fn a_replacement_joins_through_the_etcd_join_queue() {
-    let etcd = EtcdServer::start();
+    let etcd = EtcdServer::start().expect("etcd");
     let faults = PathBuf::from(env!("CARGO_BIN_EXE_hccn-faults"));
     let mut cmd = std::process::Command::new(launch::bin("hccnrun"));
     cmd.args(["--store", &etcd.url(), "--elastic", "--max-restarts", "1", "-n", "4", "--"]).arg(faults).arg("grow");
@@ -72,7 +72,7 @@ fn a_replacement_joins_through_the_etcd_join_queue() {
 
 #[test]
 fn losing_the_etcd_leader_stops_neither_training_nor_the_next_rebuild() {
-    let mut etcd = EtcdServer::cluster(3);
+    let mut etcd = EtcdServer::cluster(3).expect("etcd cluster");
     let url = etcd.url();
     let job = std::thread::spawn(move || {
         let faults = PathBuf::from(env!("CARGO_BIN_EXE_hccn-faults"));
@@ -96,4 +96,14 @@ fn losing_the_etcd_leader_stops_neither_training_nor_the_next_rebuild() {
             out.describe()
         );
     }
+}
+
+#[test]
+fn hccnrun_can_run_a_private_etcd_for_the_job() {
+    let mut cmd = std::process::Command::new(launch::bin("hccnrun"));
+    cmd.args(["--etcd-local", "-n", "3", "--"]).arg(env!("CARGO_BIN_EXE_hccn-matrix")).arg("--quick");
+    cmd.env("HCCN_CHUNK_BYTES", "4096");
+    let out = launch::run(cmd, Duration::from_secs(300));
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    assert!(out.stdout.contains("[2] rank 2 of 3: "), "{}", out.describe());
 }

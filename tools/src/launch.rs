@@ -16,7 +16,7 @@ use hccn_runtime::{Config, StoreServer};
 use crate::args::{self, Args, UsageError};
 
 pub const USAGE: &str = "\
-usage: hccnrun -n N [--timeout SECONDS] [--grace SECONDS] [--store URL]
+usage: hccnrun -n N [--timeout SECONDS] [--grace SECONDS] [--store URL | --etcd-local]
                [--elastic [--min-ranks M] [--max-restarts K]] [--] PROGRAM [ARGS...]
 
 Starts N ranks of PROGRAM on this host around an embedded rendezvous store. Each rank gets
@@ -29,6 +29,8 @@ HCCN_JOB_TOKEN; its stdout and stderr lines are prefixed with \"[rank] \". Stdin
                        they get SIGTERM (default 3); SIGKILL follows 1 s after SIGTERM
   --store URL          use this rendezvous store (etcd://host:port[,host:port...] or
                        tcp://host:port) instead of hosting an embedded one
+  --etcd-local         start a private etcd for the job (loopback, temporary data directory)
+                       and stop it afterwards
   --elastic            a rank that fails does not stop the job: the others go on (they shrink
                        or rebuild their communicators) and a replacement is started, which joins
                        at the next epoch when the survivors call hccn_comm_rebuild
@@ -59,6 +61,8 @@ pub struct Options {
     pub elastic: Option<Elastic>,
     /// An external store (`--store`); `None` hosts an embedded one.
     pub store: Option<String>,
+    /// `--etcd-local`: start a private etcd for the job.
+    pub etcd_local: bool,
     pub program: OsString,
     pub args: Vec<OsString>,
 }
@@ -79,7 +83,7 @@ pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
     let mut nranks = None;
     let mut timeout = None;
     let mut grace = Duration::from_secs(3);
-    let (mut elastic, mut min_ranks, mut max_restarts, mut store) = (false, None, None, None);
+    let (mut elastic, mut min_ranks, mut max_restarts, mut store, mut etcd_local) = (false, None, None, None, false);
     while let Some((name, inline)) = a.next_option()? {
         match name.as_str() {
             "-h" | "--help" => return Ok(Invocation::Help),
@@ -99,6 +103,7 @@ pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
             }
             "--grace" => grace = args::seconds(&name, &a.value(&name, inline)?)?,
             "--elastic" => elastic = true,
+            "--etcd-local" => etcd_local = true,
             "--store" => {
                 let url = a.value(&name, inline)?;
                 hccn_runtime::StoreAddr::parse(&url).map_err(|e| UsageError(e.to_string()))?;
@@ -110,6 +115,9 @@ pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
         }
     }
     let nranks = nranks.ok_or_else(|| UsageError("the number of ranks (-n N) is required".into()))?;
+    if etcd_local && store.is_some() {
+        return Err(UsageError("--store and --etcd-local exclude each other".into()));
+    }
     if !elastic && (min_ranks.is_some() || max_restarts.is_some()) {
         return Err(UsageError("--min-ranks and --max-restarts go with --elastic".into()));
     }
@@ -117,7 +125,7 @@ pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
         elastic.then_some(Elastic { min_ranks: min_ranks.unwrap_or(1), max_restarts: max_restarts.unwrap_or(3) });
     let mut rest = a.rest().into_iter();
     let program = rest.next().ok_or_else(|| UsageError("no PROGRAM given".into()))?;
-    Ok(Invocation::Run(Options { nranks, timeout, grace, elastic, store, program, args: rest.collect() }))
+    Ok(Invocation::Run(Options { nranks, timeout, grace, elastic, store, etcd_local, program, args: rest.collect() }))
 }
 
 /// hccnrun's entry point; returns the process exit code.
@@ -481,6 +489,13 @@ fn start_reader(rank: u32, pipe: impl Read + Send + 'static, to_stderr: bool) ->
     std::thread::Builder::new().name(format!("rank{rank}-{stream}")).spawn(move || forward(rank, pipe, to_stderr))
 }
 
+/// A store hccnrun runs for the job; dropping it stops it.
+#[allow(dead_code)] // Held for its Drop.
+enum Hosted {
+    Embedded(StoreServer),
+    Etcd(crate::etcd_local::LocalEtcd),
+}
+
 /// Runs the job and returns hccnrun's exit code; `Err` only when it could not be set up.
 pub fn run(o: &Options) -> Result<i32, String> {
     let started = Instant::now();
@@ -491,14 +506,19 @@ pub fn run(o: &Options) -> Result<i32, String> {
         Some(id) => id,
         None => format!("job-{}", random_hex::<4>()?),
     };
-    // The embedded store lives as long as the job; an external one is only named.
-    let (embedded, store_url) = match &o.store {
+    // A store started here lives as long as the job; an external one is only named.
+    let (hosted, store_url) = match &o.store {
         Some(url) => (None, url.clone()),
+        None if o.etcd_local => {
+            let etcd = crate::etcd_local::LocalEtcd::start().map_err(|e| format!("--etcd-local: {e}"))?;
+            let url = etcd.url();
+            (Some(Hosted::Etcd(etcd)), url)
+        }
         None => {
             let s = StoreServer::start(SocketAddr::new(cfg.bind_addr, 0), token.as_bytes())
                 .map_err(|e| format!("cannot start the store: {e}"))?;
             let url = format!("tcp://{}", s.local_addr());
-            (Some(s), url)
+            (Some(Hosted::Embedded(s)), url)
         }
     };
     let env = [
@@ -520,7 +540,7 @@ pub fn run(o: &Options) -> Result<i32, String> {
     }
     let code = job.monitor(o, &env, started);
     job.drain();
-    drop(embedded);
+    drop(hosted);
     Ok(code)
 }
 

@@ -3,5 +3,6 @@
 //! [`perf::main`].
 
 pub mod args;
+pub mod etcd_local;
 pub mod launch;
 pub mod perf;
