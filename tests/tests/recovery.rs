@@ -141,3 +141,12 @@ fn a_replacement_joins_when_the_survivors_rebuild() {
         assert!(out.stdout.contains(&format!("[{r}] ERROR code=100 failed=[3]")), "{}", out.describe());
     }
 }
+
+#[test]
+fn survivors_shrink_when_the_store_host_dies() {
+    let out = launch::hccnrun(4, &faults(), &["store-host-dies"], &[], Duration::from_secs(120));
+    assert_eq!(out.code, Some(137), "{}", out.describe());
+    for r in 1..4 {
+        assert!(out.stdout.contains(&format!("[{r}] SHRUNK_WITHOUT_STORE size=3 result=Ok(())")), "{}", out.describe());
+    }
+}

@@ -14,6 +14,8 @@
 //!   within about HCCN_DEAD_AFTER_MS; survivors shrink, reduce exactly, then kill the stopped rank.
 //! - `grow` (under `hccnrun --elastic`): the last rank dies mid-allreduce; hccnrun starts a
 //!   replacement, which joins; the survivors rebuild; all reduce exactly at epoch 1.
+//! - `store-host-dies`: on a communicator made with hccn_get_unique_id (whose store lives in rank
+//!   0's process), rank 0 dies mid-allreduce; the survivors shrink without any store and go on.
 //! - `revoke`: rank 1 revokes the world; everyone's next allreduce fails with REVOKED; all shrink
 //!   (nobody failed) and go on at epoch 1.
 //! - `early-exit`: rank 0 broadcasts and calls exit() without destroying its communicator; rank 1
@@ -380,6 +382,59 @@ fn chaos(c: &CComm, delay_us: u64) -> ExitCode {
     ExitCode::FAILURE
 }
 
+fn store_host_dies(world: &CComm) -> ExitCode {
+    let (me, n) = (world.rank(), world.size());
+    let mut id = hccn_unique_id { internal: [0; 128] };
+    if me == 0 {
+        // SAFETY: valid out pointer; this process now hosts the new communicator's store.
+        if unsafe { hccn_get_unique_id(&mut id) } != 0 {
+            return ExitCode::FAILURE;
+        }
+    }
+    // SAFETY: 128 live bytes, on every rank.
+    unsafe {
+        hccn_broadcast(
+            id.internal.as_mut_ptr().cast(),
+            128,
+            7, /* HCCN_UINT8 */
+            0,
+            world.comm,
+            std::ptr::null_mut(),
+        )
+    };
+    let mut comm = std::ptr::null_mut();
+    // SAFETY: valid out pointer and id.
+    if let Err((code, msg)) = check(unsafe { hccn_comm_init_rank(&mut comm, n, &id, me) }) {
+        println!("INIT_FAILED code={code} msg={msg}");
+        return ExitCode::FAILURE;
+    }
+    let c = CComm { comm };
+    if me == 0 {
+        std::thread::spawn(|| {
+            std::thread::sleep(Duration::from_millis(150));
+            // SAFETY: raising a signal at ourselves (and with us, the store).
+            unsafe { libc::raise(libc::SIGKILL) };
+        });
+    }
+    let send = vec![1.0f32; 1 << 16];
+    let mut recv = vec![0.0f32; 1 << 16];
+    while allreduce(&c, &send, &mut recv).is_ok() {}
+    let small = match shrink_comm(&c) {
+        Ok(s) => s,
+        Err((code, msg)) => {
+            println!("SHRINK_FAILED code={code} msg={msg}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = verified_allreduces(&small, 10);
+    println!("SHRUNK_WITHOUT_STORE size={} result={result:?}", small.size());
+    if small.size() == n - 1 && result.is_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
 fn revoke_then_shrink(c: &CComm) -> ExitCode {
     let send = [1.0f32; 64];
     let mut recv = [0f32; 64];
@@ -505,6 +560,7 @@ fn main() -> ExitCode {
         }
         "revoke" => revoke_then_shrink(&comm),
         "freeze" => freeze(&comm),
+        "store-host-dies" => store_host_dies(&comm),
         "chaos" => chaos(&comm, std::env::args().nth(2).and_then(|v| v.parse().ok()).unwrap_or(0)),
         other => {
             eprintln!("unknown mode {other:?}");
