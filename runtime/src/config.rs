@@ -28,6 +28,7 @@ pub const VARIABLES: &[Variable] = &[
     Variable { name: "HCCN_CHUNK_BYTES", default: "`524288`", meaning: "Pipeline chunk size of the ring and tree algorithms (4 KiB .. 8 MiB)." },
     Variable { name: "HCCN_HEARTBEAT_MS", default: "`100`", meaning: "Interval of the heartbeat each rank sends on every connection; `0` turns heartbeats (and silence detection) off." },
     Variable { name: "HCCN_DEAD_AFTER_MS", default: "`1000`", meaning: "A peer silent this long (no frame, no heartbeat, nothing waiting in its socket) is declared failed: a frozen process or a cut link. Raise it where ranks may stall longer without being dead (dead versus slow)." },
+    Variable { name: "HCCN_TRACE", default: "(off)", meaning: "Directory where each rank writes a Chrome trace-event file `hccn-trace-<job>-<rank>.json` (one event per operation and per transfer); see docs/observability.md." },
     Variable { name: "HCCN_LOG", default: "`warn`", meaning: "Log filter (`error`, `warn`, `info`, `debug`, `trace`, or tracing's `target=level` list); logs go to stderr." },
 ];
 
@@ -48,6 +49,8 @@ pub struct Config {
     pub log: String,
     /// `HCCN_JOB_ID` when set (the launcher keeps a given job name).
     pub job_id: Option<String>,
+    /// `HCCN_TRACE`: directory for this process's trace file; `None` records nothing.
+    pub trace: Option<std::path::PathBuf>,
 }
 
 /// What `hccn_init_from_env` needs in addition to [`Config`].
@@ -72,6 +75,7 @@ impl Default for Config {
             dead_after: Duration::from_millis(1000),
             log: "warn".to_owned(),
             job_id: None,
+            trace: None,
         }
     }
 }
@@ -125,6 +129,7 @@ impl Config {
             c.log = v;
         }
         c.job_id = get("HCCN_JOB_ID").filter(|v| !v.is_empty());
+        c.trace = get("HCCN_TRACE").filter(|v| !v.is_empty()).map(std::path::PathBuf::from);
         Ok(c)
     }
 }

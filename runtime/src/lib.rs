@@ -11,6 +11,7 @@ pub mod log;
 pub mod reduce;
 pub mod rendezvous;
 pub mod stream;
+pub mod trace;
 mod transport;
 pub mod types;
 pub mod wire;

@@ -55,6 +55,22 @@ pub fn hccnrun(n: u32, program: &std::path::Path, args: &[&str], env: &[(&str, &
     run(cmd, timeout)
 }
 
+/// Runs a checking worker (`program`) on `n` ranks with 4 KiB pipeline chunks (so that larger
+/// counts cross many chunks) and asserts that it succeeded: exit 0, a `[r] rank r of n: ...`
+/// report from every rank, and no `FAIL` line.
+pub fn expect_clean_run(n: u32, program: &std::path::Path, what: &str) {
+    let out = hccnrun(n, program, &[], &[("HCCN_CHUNK_BYTES", "4096")], Duration::from_secs(600));
+    assert_eq!(out.code, Some(0), "{what} with {n} ranks failed: {}", out.describe());
+    for r in 0..n {
+        assert!(
+            out.stdout.contains(&format!("[{r}] rank {r} of {n}: ")),
+            "rank {r} did not report: {}",
+            out.describe()
+        );
+    }
+    assert!(!out.stdout.contains("FAIL"), "{}", out.describe());
+}
+
 /// Runs `cmd` in its own process group with a hard timeout.
 pub fn run(mut cmd: Command, timeout: Duration) -> Outcome {
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null()).process_group(0);

@@ -2,22 +2,11 @@
 //! 1 to 8 (more ranks than cores, so every wait must yield).
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use hccn_tests::launch;
 
 fn matrix(n: u32) {
-    let prog = PathBuf::from(env!("CARGO_BIN_EXE_hccn-matrix"));
-    let out = launch::hccnrun(n, &prog, &[], &[("HCCN_CHUNK_BYTES", "4096")], Duration::from_secs(600));
-    assert_eq!(out.code, Some(0), "matrix with {n} ranks failed: {}", out.describe());
-    for r in 0..n {
-        assert!(
-            out.stdout.contains(&format!("[{r}] rank {r} of {n}: ")),
-            "rank {r} did not report: {}",
-            out.describe()
-        );
-    }
-    assert!(!out.stdout.contains("FAIL"), "{}", out.describe());
+    launch::expect_clean_run(n, &PathBuf::from(env!("CARGO_BIN_EXE_hccn-matrix")), "the matrix");
 }
 
 #[test]

@@ -69,6 +69,11 @@ impl Args {
         v.into_string().map_err(|v| usage(format!("value {v:?} of {name} is not valid UTF-8")))
     }
 
+    /// The next argument, taken as a positional one (call it when `next_option` gave `None`).
+    pub fn positional(&mut self) -> Option<OsString> {
+        self.items.pop_front()
+    }
+
     /// Whatever has not been read.
     pub fn rest(self) -> Vec<OsString> {
         self.items.into()

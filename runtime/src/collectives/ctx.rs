@@ -7,6 +7,7 @@ use std::ops::Range;
 use crate::comm::CommInner;
 use crate::error::{Error, ErrorKind, Result};
 use crate::reduce;
+use crate::trace;
 use crate::transport::Key;
 use crate::types::{DataType, ReduceOp};
 use crate::wire::{FrameHeader, FrameKind};
@@ -28,6 +29,16 @@ impl<'a> Ctx<'a> {
 
     pub fn size(&self) -> u32 {
         self.comm.members.len() as u32
+    }
+
+    /// The communicator's id and epoch, for trace events.
+    pub fn comm_id(&self) -> (u64, u64) {
+        (self.comm.id, self.comm.epoch)
+    }
+
+    /// This process's world rank (names its trace file).
+    pub fn world_rank(&self) -> u32 {
+        self.comm.members.get(self.comm.rank as usize).copied().unwrap_or(self.comm.rank)
     }
 
     /// Pipeline chunk in bytes, a multiple of 8 so that chunks never split an element of any
@@ -61,6 +72,15 @@ impl<'a> Ctx<'a> {
     }
 
     pub fn send(&self, to: u32, tag: u32, data: &[u8]) -> Result<()> {
+        let t = trace::start();
+        let r = self.send_untraced(to, tag, data);
+        if t.is_on() && r.is_ok() {
+            trace::transfer(t, self.world_rank(), to, self.world(to).unwrap_or(to), data.len() as u64, true);
+        }
+        r
+    }
+
+    fn send_untraced(&self, to: u32, tag: u32, data: &[u8]) -> Result<()> {
         let hdr = FrameHeader {
             kind: self.kind,
             comm_id: self.comm.id,
@@ -75,6 +95,15 @@ impl<'a> Ctx<'a> {
 
     /// Receives the next frame from `from`, which must carry `tag` and exactly `len` bytes.
     pub fn recv(&self, from: u32, tag: u32, len: usize) -> Result<Vec<u8>> {
+        let t = trace::start();
+        let r = self.recv_untraced(from, tag, len);
+        if t.is_on() && r.is_ok() {
+            trace::transfer(t, self.world_rank(), from, self.world(from).unwrap_or(from), len as u64, false);
+        }
+        r
+    }
+
+    fn recv_untraced(&self, from: u32, tag: u32, len: usize) -> Result<Vec<u8>> {
         let src = self.world(from)?;
         let key = Key { src, kind: self.kind, comm_id: self.comm.id, seq: self.seq };
         let frame = self

@@ -10,7 +10,8 @@ mod p2p;
 mod pairwise;
 mod ring;
 mod ring_compressed;
-pub(crate) mod select;
+pub mod select;
+mod traced;
 mod tree;
 
 use std::ops::Range;
@@ -364,14 +365,26 @@ fn span(blocks: &[Block]) -> usize {
     blocks.iter().map(|b| b.end).max().unwrap_or(0)
 }
 
-/// Runs a checked operation on this thread.
+/// Runs a checked operation on this thread, recording it when tracing is on.
 ///
 /// # Safety
 /// Every pointer in `work` must be valid as described by the `Op` it came from, until return.
 pub(crate) unsafe fn execute(ctx: &Ctx<'_>, work: &Work) -> Result<()> {
+    let algo = select::select(work, ctx);
+    let t = crate::trace::start();
+    // SAFETY: the caller's promise, passed on.
+    let r = unsafe { run(ctx, work, algo) };
+    if t.is_on() {
+        traced::record(t, ctx, work, algo.name(), &r);
+    }
+    r
+}
+
+/// # Safety
+/// As [`execute`].
+unsafe fn run(ctx: &Ctx<'_>, work: &Work, algo: &dyn Algorithm) -> Result<()> {
     let n = ctx.size();
     let me = ctx.rank();
-    let algo = select::select(work, ctx);
     // SAFETY (all blocks below): the caller guarantees the buffers; validation guaranteed that
     // the send and receive ranges we slice simultaneously do not overlap, and in-place forms are
     // handled by copying first and then using a single mutable view.

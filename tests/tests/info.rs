@@ -1,0 +1,37 @@
+//! hccn-info under hccnrun with 3 ranks on this host: one host row holding every rank, a
+//! measured TCP row per pair, and the runtime's algorithm choice for every operation.
+
+use std::time::Duration;
+
+use hccn_runtime::collectives::select;
+use hccn_tests::launch;
+
+#[test]
+fn three_ranks_on_one_host() {
+    let out = launch::hccnrun(3, &launch::bin("hccn-info"), &[], &[], Duration::from_secs(120));
+    assert_eq!(out.code, Some(0), "hccn-info failed: {}", out.describe());
+    let lines: Vec<&str> = out.stdout.lines().filter_map(|l| l.strip_prefix("[0] ")).collect();
+    assert!(!out.stdout.lines().any(|l| l.starts_with("[1] ") || l.starts_with("[2] ")), "{}", out.stdout);
+    let row = |first: &str| -> Vec<&str> {
+        let cols = lines.iter().map(|l| l.split_whitespace().collect::<Vec<_>>()).find(|c| c.first() == Some(&first));
+        cols.unwrap_or_else(|| panic!("no row {first:?}: {}", out.stdout))
+    };
+    assert!(lines[0].contains("3 ranks on 1 host(s)"), "{}", out.stdout);
+    let host = lines[2].split_whitespace().collect::<Vec<_>>();
+    assert_eq!(host[1..], ["3", "0,1,2"], "{}", out.stdout);
+    for (i, j) in [(0, 1), (0, 2), (1, 2)] {
+        let link = lines.iter().find(|l| l.starts_with(&format!("{i} <-> {j} "))).expect("a row per pair");
+        let cols: Vec<&str> = link.split_whitespace().collect();
+        assert_eq!(cols[3], "tcp", "{link}");
+        let lat: f64 = cols[4].parse().expect("latency");
+        let bw: f64 = cols[5].parse().expect("bandwidth");
+        assert!(lat > 0.0 && lat < 1e6 && bw > 0.0, "{link}");
+    }
+    for op in select::OPS {
+        let cols = row(op);
+        assert_eq!(cols.len(), 6, "{op}: {cols:?}");
+        let want = select::algorithm_name(op, 1 << 20, 3).expect("known op");
+        assert_eq!(cols[3], want, "{op} at 1M");
+    }
+    assert_eq!(row("allreduce")[1], "ring");
+}
