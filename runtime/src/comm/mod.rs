@@ -182,6 +182,8 @@ impl Drop for CommInner {
         // Frames that arrive later for this id stay until the connections close; that is
         // bounded by what peers send before they notice.
         self.net.inbox.purge(self.id);
+        // Destroying a communicator is a natural point to have the trace on disk (HCCN_TRACE).
+        crate::trace::flush();
     }
 }
 
