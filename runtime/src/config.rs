@@ -49,6 +49,8 @@ pub struct Config {
     pub log: String,
     /// `HCCN_JOB_ID` when set (the launcher keeps a given job name).
     pub job_id: Option<String>,
+    /// `HCCN_JOB_TOKEN` when set (launchers on several hosts must share one).
+    pub job_token: Option<String>,
     /// `HCCN_TRACE`: directory for this process's trace file; `None` records nothing.
     pub trace: Option<std::path::PathBuf>,
 }
@@ -75,6 +77,7 @@ impl Default for Config {
             dead_after: Duration::from_millis(1000),
             log: "warn".to_owned(),
             job_id: None,
+            job_token: None,
             trace: None,
         }
     }
@@ -129,6 +132,7 @@ impl Config {
             c.log = v;
         }
         c.job_id = get("HCCN_JOB_ID").filter(|v| !v.is_empty());
+        c.job_token = get("HCCN_JOB_TOKEN").filter(|v| !v.is_empty());
         c.trace = get("HCCN_TRACE").filter(|v| !v.is_empty()).map(std::path::PathBuf::from);
         Ok(c)
     }

@@ -16,7 +16,8 @@ use hccn_runtime::{Config, StoreServer};
 use crate::args::{self, Args, UsageError};
 
 pub const USAGE: &str = "\
-usage: hccnrun -n N [--timeout SECONDS] [--grace SECONDS] [--store URL | --etcd-local]
+usage: hccnrun -n N [--nnodes M --node-rank I] [--timeout SECONDS] [--grace SECONDS]
+               [--store URL | --etcd-local]
                [--elastic [--min-ranks M] [--max-restarts K]] [--] PROGRAM [ARGS...]
 
 Starts N ranks of PROGRAM on this host around an embedded rendezvous store. Each rank gets
@@ -27,6 +28,10 @@ HCCN_JOB_TOKEN; its stdout and stderr lines are prefixed with \"[rank] \". Stdin
   --timeout SECONDS    stop the job and exit 124 when it runs longer
   --grace SECONDS      after a rank fails, how long the others may finish on their own before
                        they get SIGTERM (default 3); SIGKILL follows 1 s after SIGTERM
+  --nnodes M           the job spans M hosts, each running its own hccnrun with -n ranks; the
+                       world has M*N ranks. Needs --store, and the same HCCN_JOB_ID and
+                       HCCN_JOB_TOKEN in every hccnrun's environment
+  --node-rank I        this host's index (0..M-1): its ranks are I*N .. I*N+N-1
   --store URL          use this rendezvous store (etcd://host:port[,host:port...] or
                        tcp://host:port) instead of hosting an embedded one
   --etcd-local         start a private etcd for the job (loopback, temporary data directory)
@@ -63,6 +68,9 @@ pub struct Options {
     pub store: Option<String>,
     /// `--etcd-local`: start a private etcd for the job.
     pub etcd_local: bool,
+    /// `--nnodes`, `--node-rank`: hosts in the job and this one's index.
+    pub nnodes: u32,
+    pub node_rank: u32,
     pub program: OsString,
     pub args: Vec<OsString>,
 }
@@ -84,6 +92,7 @@ pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
     let mut timeout = None;
     let mut grace = Duration::from_secs(3);
     let (mut elastic, mut min_ranks, mut max_restarts, mut store, mut etcd_local) = (false, None, None, None, false);
+    let (mut nnodes, mut node_rank) = (1u32, None);
     while let Some((name, inline)) = a.next_option()? {
         match name.as_str() {
             "-h" | "--help" => return Ok(Invocation::Help),
@@ -104,6 +113,8 @@ pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
             "--grace" => grace = args::seconds(&name, &a.value(&name, inline)?)?,
             "--elastic" => elastic = true,
             "--etcd-local" => etcd_local = true,
+            "--nnodes" => nnodes = args::number(&name, &a.value(&name, inline)?)?,
+            "--node-rank" => node_rank = Some(args::number::<u32>(&name, &a.value(&name, inline)?)?),
             "--store" => {
                 let url = a.value(&name, inline)?;
                 hccn_runtime::StoreAddr::parse(&url).map_err(|e| UsageError(e.to_string()))?;
@@ -115,6 +126,13 @@ pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
         }
     }
     let nranks = nranks.ok_or_else(|| UsageError("the number of ranks (-n N) is required".into()))?;
+    let node_rank = node_rank.unwrap_or(0);
+    if nnodes == 0 || node_rank >= nnodes {
+        return Err(UsageError(format!("--node-rank {node_rank} must be below --nnodes {nnodes}")));
+    }
+    if nnodes > 1 && store.is_none() {
+        return Err(UsageError("--nnodes needs --store: every host's ranks must meet in one store".into()));
+    }
     if etcd_local && store.is_some() {
         return Err(UsageError("--store and --etcd-local exclude each other".into()));
     }
@@ -125,7 +143,18 @@ pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
         elastic.then_some(Elastic { min_ranks: min_ranks.unwrap_or(1), max_restarts: max_restarts.unwrap_or(3) });
     let mut rest = a.rest().into_iter();
     let program = rest.next().ok_or_else(|| UsageError("no PROGRAM given".into()))?;
-    Ok(Invocation::Run(Options { nranks, timeout, grace, elastic, store, etcd_local, program, args: rest.collect() }))
+    Ok(Invocation::Run(Options {
+        nranks,
+        timeout,
+        grace,
+        elastic,
+        store,
+        etcd_local,
+        nnodes,
+        node_rank,
+        program,
+        args: rest.collect(),
+    }))
 }
 
 /// hccnrun's entry point; returns the process exit code.
@@ -318,12 +347,14 @@ struct Job {
 }
 
 impl Job {
-    fn spawn(&mut self, o: &Options, rank: u32, env: &[(&str, String)]) -> io::Result<()> {
+    /// Starts the rank with index `local` on this host (global rank node_rank * N + local).
+    fn spawn(&mut self, o: &Options, local: u32, env: &[(&str, String)]) -> io::Result<()> {
+        let rank = o.node_rank * o.nranks + local;
         let mut cmd = Command::new(&o.program);
         cmd.args(&o.args)
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .env("HCCN_RANK", rank.to_string())
-            .env("HCCN_LOCAL_RANK", rank.to_string())
+            .env("HCCN_LOCAL_RANK", local.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -400,7 +431,7 @@ impl Job {
         }
         self.restarts += 1;
         say(format_args!("starting a replacement for rank {rank} (restart {} of {})", self.restarts, el.max_restarts));
-        match self.spawn(o, rank, env) {
+        match self.spawn(o, rank - o.node_rank * o.nranks, env) {
             Ok(()) => true,
             Err(e) => {
                 say(format_args!("cannot start a replacement for rank {rank}: {e}"));
@@ -500,8 +531,18 @@ enum Hosted {
 pub fn run(o: &Options) -> Result<i32, String> {
     let started = Instant::now();
     let cfg = Config::from_env().map_err(|e| e.to_string())?;
-    // Ranks read the token as a string and use its bytes, so the store gets the same bytes.
-    let token = random_hex::<32>()?;
+    // Ranks read the token as a string and use its bytes, so the store gets the same bytes. A
+    // job on several hosts shares one token (and job id) through the environment.
+    let token = match cfg.job_token.clone() {
+        Some(t) => t,
+        None if o.nnodes > 1 => {
+            return Err("--nnodes needs HCCN_JOB_TOKEN (and HCCN_JOB_ID) shared by every host".into())
+        }
+        None => random_hex::<32>()?,
+    };
+    if o.nnodes > 1 && cfg.job_id.is_none() {
+        return Err("--nnodes needs HCCN_JOB_ID (and HCCN_JOB_TOKEN) shared by every host".into());
+    }
     let job_id = match cfg.job_id.clone() {
         Some(id) => id,
         None => format!("job-{}", random_hex::<4>()?),
@@ -522,7 +563,7 @@ pub fn run(o: &Options) -> Result<i32, String> {
         }
     };
     let env = [
-        ("HCCN_WORLD_SIZE", o.nranks.to_string()),
+        ("HCCN_WORLD_SIZE", (o.nnodes * o.nranks).to_string()),
         ("HCCN_LOCAL_WORLD_SIZE", o.nranks.to_string()),
         ("HCCN_STORE", store_url),
         ("HCCN_JOB_ID", job_id),

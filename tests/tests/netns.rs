@@ -1,0 +1,147 @@
+//! Two "hosts" on one machine: network namespaces joined by a veth pair, each with its own host
+//! name (UTS namespace) and its own hccnrun; the ranks meet through an etcd running on host A.
+//! Needs root and iproute2 (CI and the dev machines have both). Namespaces, etcd and ranks are
+//! removed even when a test fails.
+
+use std::process::Command;
+use std::time::Duration;
+
+use hccn_tests::launch;
+
+struct Hosts {
+    a: String,
+    b: String,
+    etcd: Option<std::process::Child>,
+    etcd_dir: std::path::PathBuf,
+}
+
+const A_ADDR: &str = "192.168.77.1";
+const B_ADDR: &str = "192.168.77.2";
+const ETCD_PORT: u16 = 23790;
+
+fn ip(args: &[&str]) {
+    let st = Command::new("ip").args(args).status().expect("run ip (iproute2)");
+    assert!(st.success(), "ip {} failed (root needed)", args.join(" "));
+}
+
+impl Hosts {
+    fn new(tag: &str) -> Hosts {
+        let id = format!("{}{tag}", std::process::id() % 100_000);
+        let (a, b) = (format!("hccnA{id}"), format!("hccnB{id}"));
+        let (va, vb) = (format!("va{id}"), format!("vb{id}"));
+        ip(&["netns", "add", &a]);
+        let hosts = Hosts {
+            a: a.clone(),
+            b: b.clone(),
+            etcd: None,
+            etcd_dir: std::env::temp_dir().join(format!("hccn-netns-etcd-{id}")),
+        };
+        ip(&["netns", "add", &b]);
+        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb]);
+        ip(&["link", "set", &va, "netns", &a]);
+        ip(&["link", "set", &vb, "netns", &b]);
+        ip(&["-n", &a, "addr", "add", &format!("{A_ADDR}/24"), "dev", &va]);
+        ip(&["-n", &b, "addr", "add", &format!("{B_ADDR}/24"), "dev", &vb]);
+        for (ns, dev) in [(&a, &va), (&b, &vb)] {
+            ip(&["-n", ns, "link", "set", dev, "up"]);
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+        }
+        hosts
+    }
+
+    fn start_etcd(&mut self) -> String {
+        let _ = std::fs::remove_dir_all(&self.etcd_dir);
+        let client = format!("http://{A_ADDR}:{ETCD_PORT}");
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.a, "etcd", "--name", "m0", "--data-dir"])
+            .arg(&self.etcd_dir)
+            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args([
+                "--listen-peer-urls",
+                "http://127.0.0.1:23800",
+                "--initial-advertise-peer-urls",
+                "http://127.0.0.1:23800",
+            ])
+            .args(["--initial-cluster", "m0=http://127.0.0.1:23800", "--log-level", "error"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start etcd in host A");
+        self.etcd = Some(child);
+        format!("etcd://{A_ADDR}:{ETCD_PORT}")
+    }
+
+    /// hccnrun on both hosts at once (node 0 on A, node 1 on B), `per_host` ranks each.
+    fn run(
+        &self,
+        store: &str,
+        per_host: u32,
+        program: &std::path::Path,
+        args: &[&str],
+    ) -> (launch::Outcome, launch::Outcome) {
+        let node = |ns: String, host: &'static str, addr: &'static str, rank: u32| {
+            let mut cmd = Command::new("ip");
+            cmd.args(["netns", "exec", &ns, "unshare", "--uts", "sh", "-c"])
+                .arg(format!("hostname {host} && exec \"$0\" \"$@\""))
+                .arg(launch::bin("hccnrun"))
+                .args([
+                    "--nnodes",
+                    "2",
+                    "--node-rank",
+                    &rank.to_string(),
+                    "-n",
+                    &per_host.to_string(),
+                    "--store",
+                    store,
+                    "--",
+                ])
+                .arg(program)
+                .args(args)
+                .env("HCCN_JOB_ID", format!("netns-{}", std::process::id()))
+                .env("HCCN_JOB_TOKEN", "shared-by-both-hosts")
+                .env("HCCN_BIND_ADDR", addr)
+                .env("HCCN_CHUNK_BYTES", "4096");
+            std::thread::spawn(move || launch::run(cmd, Duration::from_secs(180)))
+        };
+        let a = node(self.a.clone(), "host-a", A_ADDR, 0);
+        let b = node(self.b.clone(), "host-b", B_ADDR, 1);
+        (a.join().expect("host A"), b.join().expect("host B"))
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.etcd.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.etcd_dir);
+        // Deleting a namespace removes its end of the veth pair, and with it the other end.
+        for ns in [&self.a, &self.b] {
+            let _ = Command::new("ip").args(["netns", "delete", ns]).status();
+        }
+    }
+}
+
+#[test]
+fn four_ranks_on_two_namespace_hosts_run_the_matrix() {
+    let mut hosts = Hosts::new("m");
+    let store = hosts.start_etcd();
+    let (a, b) = hosts.run(&store, 2, std::path::Path::new(env!("CARGO_BIN_EXE_hccn-matrix")), &["--quick"]);
+    assert_eq!((a.code, b.code), (Some(0), Some(0)), "host A: {}\nhost B: {}", a.describe(), b.describe());
+    for r in 0..2 {
+        assert!(a.stdout.contains(&format!("[{r}] rank {r} of 4: ")), "{}", a.describe());
+        assert!(b.stdout.contains(&format!("[{}] rank {} of 4: ", r + 2, r + 2)), "{}", b.describe());
+    }
+}
+
+#[test]
+fn hccn_info_sees_two_hosts() {
+    let mut hosts = Hosts::new("i");
+    let store = hosts.start_etcd();
+    let (a, b) = hosts.run(&store, 2, &launch::bin("hccn-info"), &[]);
+    assert_eq!((a.code, b.code), (Some(0), Some(0)), "host A: {}\nhost B: {}", a.describe(), b.describe());
+    assert!(a.stdout.contains("4 ranks on 2 host(s)"), "{}", a.describe());
+    assert!(a.stdout.contains("host-a") && a.stdout.contains("host-b"), "{}", a.describe());
+    assert!(a.stdout.contains("0 <-> 2      tcp"), "a link between the hosts: {}", a.describe());
+}
