@@ -150,12 +150,15 @@ fn png_size(path: &Path) -> (u32, u32) {
 /// Runs hccn-trace on the directory and checks its pictures and its summary against the events.
 fn check_hccn_trace(dir: &Path, per_rank: &[Vec<Value>]) {
     let heat = dir.join("heat.png");
+    let heat_time = dir.join("heat-time.png");
     let timeline = dir.join("timeline.png");
     let mut cmd = std::process::Command::new(launch::bin("hccn-trace"));
-    cmd.arg(dir).arg("--heatmap").arg(&heat).arg("--timeline").arg(&timeline).arg("--summary");
+    cmd.arg(dir).arg("--heatmap").arg(&heat).arg("--heatmap-time").arg(&heat_time);
+    cmd.arg("--timeline").arg(&timeline).arg("--summary");
     let out = launch::run(cmd, Duration::from_secs(60));
     assert_eq!(out.code, Some(0), "hccn-trace failed: {}", out.describe());
     assert_eq!(png_size(&heat), (780, 700));
+    assert_eq!(png_size(&heat_time), (780, 700));
     assert_eq!(png_size(&timeline), (1200, 50 + 30 * RANKS + 60));
 
     // Per operation: calls and bytes over all ranks, as in the events.

@@ -23,6 +23,19 @@ impl<'a> Ctx<'a> {
         Ctx { comm, kind, seq }
     }
 
+    /// A `tracing` span for the operation this context runs (HCCN_LOG=hccn_runtime=debug).
+    pub fn span(&self, algorithm: &str) -> tracing::Span {
+        tracing::debug_span!(
+            "op",
+            comm = %format_args!("{:016x}", self.comm.id),
+            epoch = self.comm.epoch,
+            rank = self.comm.rank,
+            seq = self.seq,
+            kind = ?self.kind,
+            algorithm,
+        )
+    }
+
     pub fn rank(&self) -> u32 {
         self.comm.rank
     }

@@ -371,6 +371,7 @@ fn span(blocks: &[Block]) -> usize {
 /// Every pointer in `work` must be valid as described by the `Op` it came from, until return.
 pub(crate) unsafe fn execute(ctx: &Ctx<'_>, work: &Work) -> Result<()> {
     let algo = select::select(work, ctx);
+    let _span = ctx.span(algo.name()).entered();
     let t = crate::trace::start();
     // SAFETY: the caller's promise, passed on.
     let r = unsafe { run(ctx, work, algo) };

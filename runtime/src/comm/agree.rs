@@ -278,6 +278,7 @@ fn send_all(c: &CommInner, instance: u64, outs: Vec<Out>) {
 /// Runs agreement instance `instance` of communicator `c`; returns the decided failed set
 /// (communicator ranks, ascending), identical on every survivor.
 pub(crate) fn agree(c: &CommInner, instance: u64) -> Result<Vec<u32>> {
+    let _span = tracing::debug_span!("agree", instance, rank = c.rank).entered();
     let n = c.members.len() as u32;
     let deadline = Instant::now() + c.timeout;
     let mut a = Agreement::new(n, c.rank);

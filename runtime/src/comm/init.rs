@@ -35,6 +35,7 @@ fn hex(b: &[u8]) -> String {
 impl Communicator {
     /// Joins the communicator of `nranks` described by `id` as `rank`.
     pub fn init_rank(id: &UniqueId, nranks: u32, rank: u32, cfg: &Config) -> Result<Communicator> {
+        let _span = tracing::info_span!("init_rank", rank, nranks).entered();
         if nranks == 0 || rank >= nranks {
             return Err(Error::invalid(format!("rank {rank} is not below nranks {nranks}")));
         }
@@ -46,6 +47,8 @@ impl Communicator {
 
     /// Joins the world described by the launcher's environment.
     pub fn init_from_env(env: &LaunchEnv, cfg: &Config) -> Result<Communicator> {
+        let _span =
+            tracing::info_span!("init_from_env", rank = env.rank, size = env.world_size, job = %env.job_id).entered();
         // Each call in a process builds a new world; all ranks make the same calls in order.
         static WORLDS: AtomicU64 = AtomicU64::new(0);
         let nth = WORLDS.fetch_add(1, Ordering::SeqCst);

@@ -126,6 +126,7 @@ impl Communicator {
     /// Joins an existing world as a replacement: takes a ticket, waits up to `HCCN_TIMEOUT_MS` to
     /// be admitted by the survivors' `rebuild`, then connects to every member.
     pub(crate) fn join(store: &dyn Store, origin: Arc<Origin>) -> Result<Communicator> {
+        let _span = tracing::info_span!("join", prefix = %origin.prefix).entered();
         let (prefix, cfg, token) = (&origin.prefix, &origin.cfg, &origin.token);
         let ticket = store.add(&next_key(prefix), 1)? as u64;
         let listener = TcpListener::bind((cfg.bind_addr, 0))
@@ -166,6 +167,7 @@ impl Communicator {
     /// communicator of survivors then joiners at the next epoch.
     pub fn rebuild(&self, timeout: Duration) -> Result<Communicator> {
         let c = &self.inner;
+        let _span = tracing::info_span!("rebuild", rank = c.rank, epoch = c.epoch).entered();
         let instance = c.shrink_seq.fetch_add(1, Ordering::SeqCst);
         let failed = agree::agree(c, instance)?;
         let small = self.survivors_of(&failed, instance)?;

@@ -26,6 +26,7 @@ impl Communicator {
     /// ranks in old-rank order, over the connections that still work.
     pub fn shrink(&self) -> Result<Communicator> {
         let c = &self.inner;
+        let _span = tracing::info_span!("shrink", rank = c.rank, epoch = c.epoch).entered();
         if c.aborted.load(Ordering::SeqCst) {
             return Err(Error::new(crate::error::ErrorKind::Aborted, "shrink: the communicator was aborted"));
         }

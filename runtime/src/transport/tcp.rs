@@ -294,6 +294,7 @@ pub(crate) fn connect_mesh(
     token: &[u8],
     cfg: &Config,
 ) -> Result<Net> {
+    let _span = tracing::debug_span!("mesh", rank, size).entered();
     let inbox = Arc::new(Inbox::default());
     let listener = TcpListener::bind((cfg.bind_addr, 0))
         .map_err(|e| Error::io(ErrorKind::System, format!("listen on {}", cfg.bind_addr), &e))?;

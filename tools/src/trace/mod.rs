@@ -11,9 +11,11 @@ use std::path::PathBuf;
 use crate::args::{Args, UsageError};
 use model::Trace;
 
-const USAGE: &str = "usage: hccn-trace DIR [--heatmap FILE.png] [--timeline FILE.png] [--summary]
+const USAGE: &str =
+    "usage: hccn-trace DIR [--heatmap FILE.png] [--heatmap-time FILE.png] [--timeline FILE.png] [--summary]
   Merges DIR/hccn-trace-*.json (written by ranks run with HCCN_TRACE=DIR).
   --heatmap FILE    rank x rank picture of bytes sent (row = source, column = destination)
+  --heatmap-time FILE  the same for time spent sending
   --timeline FILE   one lane per rank, one box per operation, coloured by operation
   --summary         per operation: calls, bytes, time (totals over all ranks); busiest links
 ";
@@ -22,6 +24,7 @@ const USAGE: &str = "usage: hccn-trace DIR [--heatmap FILE.png] [--timeline FILE
 pub struct Options {
     pub dir: PathBuf,
     pub heatmap: Option<PathBuf>,
+    pub heatmap_time: Option<PathBuf>,
     pub timeline: Option<PathBuf>,
     pub summary: bool,
 }
@@ -40,6 +43,7 @@ pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
             Some((name, inline)) => match name.as_str() {
                 "-h" | "--help" => return Ok(Invocation::Help),
                 "--heatmap" => o.heatmap = Some(a.value(&name, inline)?.into()),
+                "--heatmap-time" => o.heatmap_time = Some(a.value(&name, inline)?.into()),
                 "--timeline" => o.timeline = Some(a.value(&name, inline)?.into()),
                 "--summary" => o.summary = true,
                 _ => return Err(UsageError(format!("unknown option {name}"))),
@@ -52,7 +56,7 @@ pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
         }
     }
     o.dir = dir.ok_or_else(|| UsageError("the trace directory is missing".into()))?;
-    if o.heatmap.is_none() && o.timeline.is_none() && !o.summary {
+    if o.heatmap.is_none() && o.heatmap_time.is_none() && o.timeline.is_none() && !o.summary {
         o.summary = true;
     }
     Ok(Invocation::Run(o))
@@ -97,13 +101,16 @@ pub fn summary(trace: &Trace, top: usize) -> Vec<String> {
 
 fn run(o: &Options) -> Result<(), String> {
     let trace = Trace::load(&o.dir)?;
+    if let Some(p) = &o.heatmap_time {
+        plot::heatmap(&trace, plot::Measure::Time, p)?;
+    }
     if let Some(p) = &o.heatmap {
-        plot::heatmap(&trace, p)?;
+        plot::heatmap(&trace, plot::Measure::Bytes, p)?;
     }
     if let Some(p) = &o.timeline {
         plot::timeline(&trace, p)?;
     }
-    if (o.heatmap.is_some() || o.timeline.is_some()) && !plot::have_font() {
+    if (o.heatmap.is_some() || o.heatmap_time.is_some() || o.timeline.is_some()) && !plot::have_font() {
         let _ = writeln!(io::stderr(), "hccn-trace: no TrueType font found; pictures are drawn without labels");
     }
     if o.summary {

@@ -20,6 +20,8 @@ pub struct Send {
     pub src: u32,
     pub dst: u32,
     pub bytes: u64,
+    /// How long the send took, µs.
+    pub us: f64,
 }
 
 #[derive(Debug, Default)]
@@ -99,7 +101,7 @@ impl Trace {
                 Some("transfer") if args["dir"] == "send" => {
                     let dst = rank_of(number(args, "peer_world", file)?, "peer_world", file)?;
                     self.ranks = self.ranks.max(dst + 1);
-                    self.sends.push(Send { src: rank, dst, bytes });
+                    self.sends.push(Send { src: rank, dst, bytes, us: number(e, "dur", file)? });
                 }
                 _ => {}
             }
@@ -109,10 +111,19 @@ impl Trace {
 
     /// Bytes sent, `[src][dst]`.
     pub fn matrix(&self) -> Vec<Vec<u64>> {
+        self.per_link(|s| s.bytes)
+    }
+
+    /// Time spent sending, µs, `[src][dst]`.
+    pub fn time_matrix(&self) -> Vec<Vec<u64>> {
+        self.per_link(|s| s.us.round() as u64)
+    }
+
+    fn per_link(&self, value: impl Fn(&Send) -> u64) -> Vec<Vec<u64>> {
         let n = self.ranks as usize;
         let mut m = vec![vec![0u64; n]; n];
         for s in &self.sends {
-            m[s.src as usize][s.dst as usize] += s.bytes;
+            m[s.src as usize][s.dst as usize] += value(s);
         }
         m
     }

@@ -85,9 +85,25 @@ fn edge(start: i32, len: i32, i: usize, n: usize) -> i32 {
     start + (i64::from(len) * i as i64 / n.max(1) as i64) as i32
 }
 
-/// Rank x rank bytes sent: row = source, column = destination.
-pub fn heatmap(trace: &Trace, path: &Path) -> Result<(), String> {
-    let m = trace.matrix();
+/// What a heat map shows: bytes sent, or time spent sending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Measure {
+    Bytes,
+    Time,
+}
+
+/// Rank x rank bytes sent (or time spent sending): row = source, column = destination.
+pub fn heatmap(trace: &Trace, measure: Measure, path: &Path) -> Result<(), String> {
+    let (m, title, top) = match measure {
+        Measure::Bytes => {
+            (trace.matrix(), "bytes sent: source rank (row) -> destination rank (column)", human as fn(u64) -> String)
+        }
+        Measure::Time => (
+            trace.time_matrix(),
+            "time sending: source rank (row) -> destination rank (column)",
+            (|us| format!("{:.1} ms", us as f64 / 1e3)) as fn(u64) -> String,
+        ),
+    };
     let n = m.len();
     let max = m.iter().flatten().copied().max().unwrap_or(0);
     let area = BitMapBackend::new(path, HEATMAP_SIZE).into_drawing_area();
@@ -107,8 +123,8 @@ pub fn heatmap(trace: &Trace, path: &Path) -> Result<(), String> {
         let v = (max as f64 * f64::from(GRID - y) / f64::from(GRID)) as u64;
         rect(&area, (bar_x, GRID_Y + y), (bar_x + bar_w, GRID_Y + y + 1), shade(v, max))?;
     }
-    label(&area, "bytes sent: source rank (row) -> destination rank (column)", (GRID_X, 20), 18)?;
-    label(&area, &human(max), (bar_x - 10, GRID_Y - 18), 12)?;
+    label(&area, title, (GRID_X, 20), 18)?;
+    label(&area, &top(max), (bar_x - 10, GRID_Y - 18), 12)?;
     label(&area, "0", (bar_x + 5, GRID_Y + GRID + 5), 12)?;
     if n <= 32 {
         for r in 0..n {
