@@ -11,6 +11,8 @@ use hccn_tests::launch;
 struct Hosts {
     a: String,
     b: String,
+    /// The veth end in host A (taking it down cuts the hosts apart).
+    va: String,
     etcd: Option<std::process::Child>,
     etcd_dir: std::path::PathBuf,
 }
@@ -33,6 +35,7 @@ impl Hosts {
         let hosts = Hosts {
             a: a.clone(),
             b: b.clone(),
+            va: va.clone(),
             etcd: None,
             etcd_dir: std::env::temp_dir().join(format!("hccn-netns-etcd-{id}")),
         };
@@ -79,6 +82,18 @@ impl Hosts {
         program: &std::path::Path,
         args: &[&str],
     ) -> (launch::Outcome, launch::Outcome) {
+        self.run_with(store, per_host, program, args, || {})
+    }
+
+    /// Like `run`, calling `meanwhile` on this thread while the job runs.
+    fn run_with(
+        &self,
+        store: &str,
+        per_host: u32,
+        program: &std::path::Path,
+        args: &[&str],
+        meanwhile: impl FnOnce(),
+    ) -> (launch::Outcome, launch::Outcome) {
         let node = |ns: String, host: &'static str, addr: &'static str, rank: u32| {
             let mut cmd = Command::new("ip");
             cmd.args(["netns", "exec", &ns, "unshare", "--uts", "sh", "-c"])
@@ -100,11 +115,13 @@ impl Hosts {
                 .env("HCCN_JOB_ID", format!("netns-{}", std::process::id()))
                 .env("HCCN_JOB_TOKEN", "shared-by-both-hosts")
                 .env("HCCN_BIND_ADDR", addr)
-                .env("HCCN_CHUNK_BYTES", "4096");
+                .env("HCCN_CHUNK_BYTES", "4096")
+                .env("HCCN_TIMEOUT_MS", "3000");
             std::thread::spawn(move || launch::run(cmd, Duration::from_secs(180)))
         };
         let a = node(self.a.clone(), "host-a", A_ADDR, 0);
         let b = node(self.b.clone(), "host-b", B_ADDR, 1);
+        meanwhile();
         (a.join().expect("host A"), b.join().expect("host B"))
     }
 }
@@ -144,4 +161,49 @@ fn hccn_info_sees_two_hosts() {
     assert!(a.stdout.contains("4 ranks on 2 host(s)"), "{}", a.describe());
     assert!(a.stdout.contains("host-a") && a.stdout.contains("host-b"), "{}", a.describe());
     assert!(a.stdout.contains("0 <-> 2      tcp"), "a link between the hosts: {}", a.describe());
+}
+
+#[test]
+fn a_cut_link_is_detected_and_only_the_side_with_the_store_rebuilds() {
+    let mut hosts = Hosts::new("p");
+    let store = hosts.start_etcd();
+    let faults = std::path::Path::new(env!("CARGO_BIN_EXE_hccn-faults"));
+    let cut_at = std::sync::Mutex::new(0u128);
+    let (a, b) = hosts.run_with(&store, 2, faults, &["partition"], || {
+        // Let the four ranks meet and train, then cut the cable: no reset, no EOF, just silence.
+        std::thread::sleep(Duration::from_millis(2500));
+        *cut_at.lock().expect("lock") =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
+        ip(&["-n", &hosts.a, "link", "set", &hosts.va, "down"]);
+    });
+    let cut_at = *cut_at.lock().expect("lock");
+    // Each side's first error names ranks of the other side only (one or both: their silence
+    // timers run independently), within about HCCN_DEAD_AFTER_MS of the cut.
+    for (out, side, others) in [(&a, [0u32, 1], [2u32, 3]), (&b, [2, 3], [0, 1])] {
+        for r in side {
+            let line = out.stdout.lines().find(|l| l.starts_with(&format!("[{r}] ERROR_AT"))).unwrap_or_default();
+            let failed: Vec<u32> = line
+                .split("failed=[")
+                .nth(1)
+                .and_then(|l| l.split(']').next())
+                .map(|l| l.split(',').filter_map(|v| v.trim().parse().ok()).collect())
+                .unwrap_or_default();
+            assert!(line.contains("code=100"), "rank {r}: {line:?}\n{}", out.describe());
+            assert!(!failed.is_empty() && failed.iter().all(|f| others.contains(f)), "rank {r}: {line:?}");
+            let at: u128 = line.split_whitespace().nth(2).and_then(|v| v.parse().ok()).unwrap_or(0);
+            assert!(
+                at >= cut_at && at - cut_at < 3000,
+                "rank {r} noticed the cut after {} ms",
+                at.saturating_sub(cut_at)
+            );
+        }
+    }
+    // Host A holds the store: its ranks agree, record the decision and go on as two.
+    for r in [0, 1] {
+        assert!(a.stdout.contains(&format!("[{r}] REBUILT size=2 epoch=1 result=Ok(())")), "{}", a.describe());
+    }
+    // Host B cannot reach the store: no membership change there, and it says so.
+    for r in [2, 3] {
+        assert!(b.stdout.contains(&format!("[{r}] REBUILD_FAILED")), "{}", b.describe());
+    }
 }

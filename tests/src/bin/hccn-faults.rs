@@ -16,6 +16,8 @@
 //!   replacement, which joins; the survivors rebuild; all reduce exactly at epoch 1.
 //! - `store-host-dies`: on a communicator made with hccn_get_unique_id (whose store lives in rank
 //!   0's process), rank 0 dies mid-allreduce; the survivors shrink without any store and go on.
+//! - `partition`: ranks train until the link between hosts is cut (a test does it); each side
+//!   reports the other failed, then tries to rebuild: only a side that reaches the store can.
 //! - `revoke`: rank 1 revokes the world; everyone's next allreduce fails with REVOKED; all shrink
 //!   (nobody failed) and go on at epoch 1.
 //! - `early-exit`: rank 0 broadcasts and calls exit() without destroying its communicator; rank 1
@@ -435,6 +437,29 @@ fn store_host_dies(world: &CComm) -> ExitCode {
     }
 }
 
+fn partition(c: &CComm) -> ExitCode {
+    let send = vec![1.0f32; 1 << 14];
+    let mut recv = vec![0.0f32; 1 << 14];
+    println!("TRAINING");
+    let err = loop {
+        if let Err(e) = allreduce(c, &send, &mut recv) {
+            break e;
+        }
+    };
+    println!("ERROR_AT {} code={} failed={:?}", now_ms(), err.0, failed_ranks(c));
+    let mut out = std::ptr::null_mut();
+    // SAFETY: valid handle and out pointer; no replacement is expected (timeout 0).
+    match check(unsafe { hccn_comm_rebuild(c.comm, 0, &mut out) }) {
+        Ok(()) => {
+            let small = CComm { comm: out };
+            let result = verified_allreduces(&small, 5);
+            println!("REBUILT size={} epoch={} result={result:?}", small.size(), epoch(&small));
+        }
+        Err((code, msg)) => println!("REBUILD_FAILED code={code} msg={msg}"),
+    }
+    ExitCode::SUCCESS
+}
+
 fn revoke_then_shrink(c: &CComm) -> ExitCode {
     let send = [1.0f32; 64];
     let mut recv = [0f32; 64];
@@ -560,6 +585,7 @@ fn main() -> ExitCode {
         }
         "revoke" => revoke_then_shrink(&comm),
         "freeze" => freeze(&comm),
+        "partition" => partition(&comm),
         "store-host-dies" => store_host_dies(&comm),
         "chaos" => chaos(&comm, std::env::args().nth(2).and_then(|v| v.parse().ok()).unwrap_or(0)),
         other => {
