@@ -107,3 +107,21 @@ fn hccnrun_can_run_a_private_etcd_for_the_job() {
     assert_eq!(out.code, Some(0), "{}", out.describe());
     assert!(out.stdout.contains("[2] rank 2 of 3: "), "{}", out.describe());
 }
+
+#[test]
+fn with_etcd_a_shrink_records_its_decision() {
+    let etcd = EtcdServer::start().expect("etcd");
+    let faults = PathBuf::from(env!("CARGO_BIN_EXE_hccn-faults"));
+    let job = format!("shrink-record-{}", std::process::id());
+    let mut cmd = std::process::Command::new(launch::bin("hccnrun"));
+    cmd.args(["--store", &etcd.url(), "-n", "4", "--"]).arg(faults).args(["shrink", "3"]);
+    cmd.env("HCCN_JOB_ID", &job);
+    let out = launch::run(cmd, Duration::from_secs(120));
+    assert_eq!(out.code, Some(137), "{}", out.describe());
+    for r in 0..3 {
+        assert!(out.stdout.contains(&format!("[{r}] SHRUNK rank={r} size=3 epoch=1")), "{}", out.describe());
+    }
+    let store = EtcdStore::connect(std::slice::from_ref(&etcd.endpoint), Duration::from_secs(10)).expect("connect");
+    let record = store.get(&format!("job/{job}/world0/epochs/1"), Duration::from_secs(5)).expect("decision recorded");
+    assert_eq!(record, 3u32.to_le_bytes().to_vec(), "the decision names rank 3 as failed");
+}

@@ -203,6 +203,53 @@ impl Communicator {
     }
 }
 
+/// The bytes recorded for a membership decision: failed ranks, then admitted tickets.
+fn decision(failed: &[u32], joiners: &[(u64, String)]) -> Vec<u8> {
+    failed.iter().flat_map(|r| r.to_le_bytes()).chain(joiners.iter().flat_map(|(t, _)| t.to_le_bytes())).collect()
+}
+
+/// One decision per epoch: whoever records first wins; a group that decided differently for the
+/// same epoch (a partition) learns it here instead of forking the job.
+fn check_decision(store: &dyn Store, prefix: &str, epoch: u64, decision: &[u8]) -> Result<()> {
+    match store.create(&epoch_key(prefix, epoch), decision)? {
+        Some(other) if other != decision => Err(Error::new(
+            ErrorKind::StaleEpoch,
+            format!("another membership decision is already recorded for epoch {epoch}; this group is stale"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Records a shrink's decision for `small`'s epoch: the lowest survivor writes it, and tells the
+/// others in band whether it could, so that all of them return the same outcome.
+pub(crate) fn record_decision(
+    small: &Communicator,
+    origin: &Origin,
+    failed: &[u32],
+    joiners: &[(u64, String)],
+) -> Result<()> {
+    let mut verdict = [0u8; 256];
+    if small.rank() == 0 {
+        let outcome = origin.store.connect(&origin.token, origin.cfg.timeout).and_then(|store| {
+            check_decision(store.as_ref(), &origin.prefix, small.epoch(), &decision(failed, joiners))
+        });
+        if let Err(e) = outcome {
+            verdict[0] = 1;
+            let msg = e.to_string();
+            let n = msg.len().min(verdict.len() - 2);
+            verdict[1] = if e.kind() == ErrorKind::StaleEpoch { 1 } else { 0 };
+            verdict[2..2 + n].copy_from_slice(&msg.as_bytes()[..n]);
+        }
+    }
+    broadcast(small, Ptr::from_mut(verdict.as_mut_ptr()), verdict.len() as u64, DataType::Uint8)?;
+    if verdict[0] == 0 {
+        return Ok(());
+    }
+    let msg = String::from_utf8_lossy(&verdict[2..]).trim_end_matches('\0').to_owned();
+    let kind = if verdict[1] == 1 { ErrorKind::StaleEpoch } else { ErrorKind::Store };
+    Err(Error::new(kind, format!("shrink: the decision could not be recorded in the store: {msg}")))
+}
+
 fn broadcast(c: &Communicator, buf: Ptr, count: u64, dt: DataType) -> Result<()> {
     // SAFETY: callers pass buffers of `count` elements that live until this blocking call returns.
     unsafe { c.submit(Op::Broadcast { buf, count, dt, root: 0 }, None) }
@@ -243,17 +290,7 @@ fn admit(
     let lost: Vec<u8> = failed.iter().flat_map(|r| r.to_le_bytes()).collect();
     let id = derive_id(&[&old_id.to_le_bytes(), b"rebuild", &epoch.to_le_bytes(), &lost, &tickets]);
     let adm = Admission { id, epoch, survivors, joiners };
-    // One decision per epoch: whoever records first wins; a group that decided differently for
-    // the same epoch (a partition) learns it here instead of forking the job.
-    let decision: Vec<u8> = lost.iter().chain(&tickets).copied().collect();
-    if let Some(other) = store.create(&epoch_key(prefix, epoch), &decision)? {
-        if other != decision {
-            return Err(Error::new(
-                ErrorKind::StaleEpoch,
-                format!("another membership decision is already recorded for epoch {epoch}; this group is stale"),
-            ));
-        }
-    }
+    check_decision(store, prefix, epoch, &decision(failed, &adm.joiners))?;
     let record = adm.encode();
     for (t, _) in &adm.joiners {
         store.set(&admit_key(prefix, *t), &record)?;

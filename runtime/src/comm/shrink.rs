@@ -4,6 +4,7 @@ use std::sync::atomic::Ordering;
 
 use super::{agree, derive_id, CommInner, Communicator};
 use crate::error::{Error, Result};
+use crate::rendezvous::StoreAddr;
 use crate::wire::{FrameHeader, FrameKind};
 
 impl Communicator {
@@ -23,7 +24,9 @@ impl Communicator {
 
     /// Called by every surviving member: agrees on the failed set (identical everywhere, or an
     /// error for all) and returns a communicator of the survivors at the next epoch, with dense
-    /// ranks in old-rank order, over the connections that still work.
+    /// ranks in old-rank order, over the connections that still work. No store is needed; with
+    /// an etcd store (replicated, unlike the embedded one) the decision is also recorded there
+    /// by compare-and-swap, so that two partitioned halves cannot both go on.
     pub fn shrink(&self) -> Result<Communicator> {
         let c = &self.inner;
         let _span = tracing::info_span!("shrink", rank = c.rank, epoch = c.epoch).entered();
@@ -32,7 +35,11 @@ impl Communicator {
         }
         let instance = c.shrink_seq.fetch_add(1, Ordering::SeqCst);
         let failed = agree::agree(c, instance)?;
-        self.survivors_of(&failed, instance)
+        let small = self.survivors_of(&failed, instance)?;
+        if let Some(origin) = c.origin.as_ref().filter(|o| matches!(o.store, StoreAddr::Etcd(_))) {
+            super::join::record_decision(&small, origin, &failed, &[])?;
+        }
+        Ok(small)
     }
 
     /// The communicator of the members not in `failed`, at the next epoch.
