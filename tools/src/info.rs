@@ -7,7 +7,7 @@ use std::io::{self, Write};
 use std::time::Instant;
 
 use hccn_runtime::collectives::select;
-use hccn_runtime::{Communicator, Config, DataType, LaunchEnv, Op, Ptr, ReduceOp};
+use hccn_runtime::{Communicator, DataType, Op, Ptr, ReduceOp};
 
 type Res<T> = hccn_runtime::Result<T>;
 
@@ -116,15 +116,7 @@ fn measure_links(comm: &Communicator) -> Res<Vec<f64>> {
         }
     }
     let mut all = vec![0f64; local.len()];
-    let op = Op::AllReduce {
-        send: Ptr::from_const(local.as_ptr()),
-        recv: Ptr::from_mut(all.as_mut_ptr()),
-        count: local.len() as u64,
-        dt: DataType::Fp64,
-        op: ReduceOp::Sum,
-    };
-    // SAFETY: both vectors have `count` f64 and live through the blocking call.
-    unsafe { comm.submit(op, None)? };
+    comm.all_reduce(&local, &mut all, ReduceOp::Sum)?;
     Ok(all)
 }
 
@@ -176,12 +168,8 @@ pub fn report(hosts: &[String], links: &[f64]) -> Vec<String> {
 }
 
 fn run() -> Result<(), String> {
-    let cfg = Config::from_env().map_err(|e| e.to_string())?;
-    hccn_runtime::log::init(&cfg);
-    hccn_recovery::install();
-    let env = LaunchEnv::from_env().map_err(|e| e.to_string())?;
-    let me = env.rank;
-    let comm = Communicator::init_from_env(&env, &cfg).map_err(|e| format!("rank {me}: cannot join the job: {e}"))?;
+    let comm = crate::join_job()?;
+    let me = comm.rank();
     let failed = |what: &'static str| move |e: hccn_runtime::Error| format!("rank {me}: {what} failed: {e}");
     let hosts = all_hostnames(&comm).map_err(failed("host name exchange"))?;
     let links = measure_links(&comm).map_err(failed("link measurement"))?;

@@ -9,3 +9,15 @@ pub mod info;
 pub mod launch;
 pub mod perf;
 pub mod trace;
+
+/// What every tool that runs as a rank does first: read the configuration, start logging, make
+/// etcd stores usable, and join the job hccnrun describes in the environment.
+pub fn join_job() -> Result<hccn_runtime::Communicator, String> {
+    let cfg = hccn_runtime::Config::from_env().map_err(|e| e.to_string())?;
+    hccn_runtime::log::init(&cfg);
+    hccn_recovery::install();
+    let env = hccn_runtime::LaunchEnv::from_env().map_err(|e| e.to_string())?;
+    let comm = hccn_runtime::Communicator::init_from_env(&env, &cfg)
+        .map_err(|e| format!("rank {}: cannot join the job: {e}", env.rank))?;
+    Ok(comm)
+}

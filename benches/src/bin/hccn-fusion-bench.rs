@@ -86,15 +86,7 @@ fn time_modes(
         }
     }
     let mut slowest = vec![0f64; samples.len()];
-    let op = Op::AllReduce {
-        send: Ptr::from_const(samples.as_ptr()),
-        recv: Ptr::from_mut(slowest.as_mut_ptr()),
-        count: samples.len() as u64,
-        dt: DataType::Fp64,
-        op: ReduceOp::Max,
-    };
-    // SAFETY: both vectors hold `samples.len()` f64 for the blocking call.
-    unsafe { comm.submit(op, None)? };
+    comm.all_reduce(&samples, &mut slowest, ReduceOp::Max)?;
     Ok((0..modes)
         .map(|m| {
             let mut v: Vec<f64> = slowest.iter().skip(m).step_by(modes).copied().collect();

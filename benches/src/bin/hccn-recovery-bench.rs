@@ -19,15 +19,7 @@ fn now_us() -> u128 {
 }
 
 fn step(c: &Communicator, send: &[f32], recv: &mut [f32]) -> hccn_runtime::Result<()> {
-    let op = Op::AllReduce {
-        send: Ptr::from_const(send.as_ptr()),
-        recv: Ptr::from_mut(recv.as_mut_ptr()),
-        count: send.len() as u64,
-        dt: DataType::Fp32,
-        op: ReduceOp::Sum,
-    };
-    // SAFETY: both buffers live for the whole blocking call.
-    unsafe { c.submit(op, None) }
+    c.all_reduce(send, recv, ReduceOp::Sum)
 }
 
 /// Rank 0 of `c` sends the training state (step, fault index) to everyone, joiners included.
@@ -92,8 +84,7 @@ fn run(faults: u64) -> Result<(), String> {
         sync_state(&comm, &mut state).map_err(|e| e.to_string())?;
     }
     // Everyone is done once rank 0 has passed this barrier: only then read the records.
-    // SAFETY: no buffers.
-    unsafe { comm.submit(Op::Barrier, None) }.map_err(|e| e.to_string())?;
+    comm.barrier().map_err(|e| e.to_string())?;
     if comm.rank() == 0 {
         report(&dir, faults, state[0], redone as f64 / witnessed.max(1) as f64);
         let _ = std::fs::remove_dir_all(&dir);

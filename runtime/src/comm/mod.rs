@@ -7,6 +7,7 @@ mod group;
 mod init;
 mod join;
 mod shrink;
+mod typed;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -18,6 +19,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 pub use init::new_unique_id;
+pub use typed::Element;
 
 use crate::collectives::check::{self, Shape};
 use crate::collectives::{self, Ctx, Op, Work};

@@ -6,7 +6,7 @@ mod check;
 use std::io::{self, Write};
 use std::time::{Duration, Instant};
 
-use hccn_runtime::{Communicator, Config, DataType, LaunchEnv, Op, Ptr, ReduceOp};
+use hccn_runtime::{Communicator, DataType, Op, Ptr, ReduceOp};
 
 use crate::args::{self, Args, UsageError};
 pub use check::Checker;
@@ -259,31 +259,15 @@ fn barrier(comm: &Communicator) -> hccn_runtime::Result<()> {
 
 /// The largest `x` over all ranks, so that every rank reports the slowest rank's time.
 fn max_over_ranks(comm: &Communicator, x: f64) -> hccn_runtime::Result<f64> {
-    let mut out = 0f64;
-    let op = Op::AllReduce {
-        send: Ptr::from_const(&x),
-        recv: Ptr::from_mut(&mut out),
-        count: 1,
-        dt: DataType::Fp64,
-        op: ReduceOp::Max,
-    };
-    // SAFETY: both are live f64 locals for the whole blocking call (no stream).
-    unsafe { comm.submit(op, None)? };
-    Ok(out)
+    let mut out = [0f64];
+    comm.all_reduce(&[x], &mut out, ReduceOp::Max)?;
+    Ok(out[0])
 }
 
 fn sum_over_ranks(comm: &Communicator, x: u64) -> hccn_runtime::Result<u64> {
-    let mut out = 0u64;
-    let op = Op::AllReduce {
-        send: Ptr::from_const(&x),
-        recv: Ptr::from_mut(&mut out),
-        count: 1,
-        dt: DataType::Uint64,
-        op: ReduceOp::Sum,
-    };
-    // SAFETY: both are live u64 locals for the whole blocking call (no stream).
-    unsafe { comm.submit(op, None)? };
-    Ok(out)
+    let mut out = [0u64];
+    comm.all_reduce(&[x], &mut out, ReduceOp::Sum)?;
+    Ok(out[0])
 }
 
 /// The buffers of one size step and the operation over them.
@@ -364,13 +348,8 @@ fn header(o: &Options, nranks: u32) -> Vec<String> {
 
 /// Runs the sweep; `Ok(false)` when some result was wrong.
 fn run(o: &Options) -> Result<bool, String> {
-    let cfg = Config::from_env().map_err(|e| e.to_string())?;
-    hccn_runtime::log::init(&cfg);
-    hccn_recovery::install();
-    let env = LaunchEnv::from_env().map_err(|e| e.to_string())?;
-    let me = env.rank;
-    let comm = Communicator::init_from_env(&env, &cfg).map_err(|e| format!("rank {me}: cannot join the job: {e}"))?;
-    let n = comm.size();
+    let comm = crate::join_job()?;
+    let (me, n) = (comm.rank(), comm.size());
     if o.coll.rooted() && o.root >= n {
         return Err(format!("--root {} is not a rank of this {n}-rank job", o.root));
     }
