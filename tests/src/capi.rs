@@ -46,6 +46,26 @@ impl CComm {
     }
 }
 
+/// A worker's start: the world communicator from hccnrun's environment, or exit code 2 with
+/// the reason on stderr.
+pub fn start_worker() -> Result<CComm, std::process::ExitCode> {
+    CComm::from_env().map_err(|(code, msg)| {
+        eprintln!("hccn_init_from_env failed with {code}: {msg}");
+        std::process::ExitCode::from(2)
+    })
+}
+
+/// A new stream, or exit code 2 with the reason on stderr.
+pub fn new_stream() -> Result<*mut hccn_stream, std::process::ExitCode> {
+    let mut stream = std::ptr::null_mut();
+    // SAFETY: a valid out pointer.
+    check(unsafe { hccn_stream_create(&mut stream) }).map_err(|(code, msg)| {
+        eprintln!("hccn_stream_create failed with {code}: {msg}");
+        std::process::ExitCode::from(2)
+    })?;
+    Ok(stream)
+}
+
 impl Drop for CComm {
     fn drop(&mut self) {
         // SAFETY: the handle came from the library and is destroyed once.

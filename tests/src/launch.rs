@@ -71,6 +71,17 @@ pub fn expect_clean_run(n: u32, program: &std::path::Path, what: &str) {
     assert!(!out.stdout.contains("FAIL"), "{}", out.describe());
 }
 
+/// Asserts that a `hccn-faults grow` job of 4 ranks recovered: exit 0, the replacement joined as
+/// rank 3, and every rank reduced exactly at epoch 1.
+pub fn expect_grown(out: &Outcome) {
+    assert_eq!(out.code, Some(0), "a recovered job ends well: {}", out.describe());
+    assert!(out.stdout.contains("[3] JOINED rank=3 size=4 epoch=1"), "{}", out.describe());
+    for r in 0..4 {
+        let want = format!("[{r}] GROWN rank={r} size=4 epoch=1 result=Ok(())");
+        assert!(out.stdout.contains(&want), "no {want:?}: {}", out.describe());
+    }
+}
+
 /// Runs `cmd` in its own process group with a hard timeout.
 pub fn run(mut cmd: Command, timeout: Duration) -> Outcome {
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null()).process_group(0);

@@ -59,15 +59,7 @@ fn a_replacement_joins_through_the_etcd_join_queue() {
     let mut cmd = std::process::Command::new(launch::bin("hccnrun"));
     cmd.args(["--store", &etcd.url(), "--elastic", "--max-restarts", "1", "-n", "4", "--"]).arg(faults).arg("grow");
     let out = launch::run(cmd, Duration::from_secs(120));
-    assert_eq!(out.code, Some(0), "{}", out.describe());
-    assert!(out.stdout.contains("[3] JOINED rank=3 size=4 epoch=1"), "{}", out.describe());
-    for r in 0..4 {
-        assert!(
-            out.stdout.contains(&format!("[{r}] GROWN rank={r} size=4 epoch=1 result=Ok(())")),
-            "{}",
-            out.describe()
-        );
-    }
+    launch::expect_grown(&out);
 }
 
 #[test]
@@ -87,15 +79,8 @@ fn losing_the_etcd_leader_stops_neither_training_nor_the_next_rebuild() {
     let leader = etcd.leader().expect("a leader");
     etcd.kill(leader);
     let out = job.join().expect("job thread");
-    assert_eq!(out.code, Some(0), "killed etcd member {leader}: {}", out.describe());
-    assert!(out.stdout.contains("[3] JOINED rank=3 size=4 epoch=1"), "{}", out.describe());
-    for r in 0..4 {
-        assert!(
-            out.stdout.contains(&format!("[{r}] GROWN rank={r} size=4 epoch=1 result=Ok(())")),
-            "{}",
-            out.describe()
-        );
-    }
+    eprintln!("killed etcd member {leader}");
+    launch::expect_grown(&out);
 }
 
 #[test]

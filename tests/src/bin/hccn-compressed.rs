@@ -241,19 +241,14 @@ impl Run<'_> {
 }
 
 fn main() -> ExitCode {
-    let comm = match CComm::from_env() {
+    let comm = match hccn_tests::capi::start_worker() {
         Ok(c) => c,
-        Err((code, msg)) => {
-            eprintln!("hccn_init_from_env failed with {code}: {msg}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
-    let mut stream = null_mut();
-    // SAFETY: a valid out pointer.
-    if let Err((code, msg)) = check(unsafe { hccn_stream_create(&mut stream) }) {
-        eprintln!("hccn_stream_create failed with {code}: {msg}");
-        return ExitCode::from(2);
-    }
+    let stream = match hccn_tests::capi::new_stream() {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
     let mut run = Run { comm: &comm, stream, failures: Vec::new(), checks: 0, worst: Vec::new() };
     for wire in [DataType::Fp16, DataType::Bf16] {
         for op in ReduceOp::ALL {

@@ -562,12 +562,9 @@ fn main() -> ExitCode {
     if mode == "intruder-child" {
         return intruder_child();
     }
-    let comm = match CComm::from_env() {
+    let comm = match hccn_tests::capi::start_worker() {
         Ok(c) => c,
-        Err((code, msg)) => {
-            eprintln!("hccn_init_from_env failed with {code}: {msg}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     if mode == "grow" {
         return grow(comm);

@@ -4,17 +4,13 @@
 use std::process::ExitCode;
 
 use hccn_runtime::DataType;
-use hccn_tests::capi::CComm;
 use hccn_tests::{matrix, Coll};
 
 fn main() -> ExitCode {
     let quick = std::env::args().any(|a| a == "--quick");
-    let comm = match CComm::from_env() {
+    let comm = match hccn_tests::capi::start_worker() {
         Ok(c) => c,
-        Err((code, msg)) => {
-            eprintln!("hccn_init_from_env failed with {code}: {msg}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let dtypes: &[DataType] = if quick { &[DataType::Fp32, DataType::Int8, DataType::Bf16] } else { &DataType::ALL };
     let rep = matrix::run(&comm, dtypes, &matrix::COUNTS);
