@@ -13,6 +13,8 @@ command -v ps >/dev/null 2>&1 || need_apt+=(procps)
 command -v cargo >/dev/null 2>&1 || need_apt+=(cargo rustc)
 # etcd-client's build generates its gRPC code with protoc; the tests run a real etcd.
 command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
+# protoc's well-known types (google/protobuf/*.proto) come in a package of their own.
+[ -f /usr/include/google/protobuf/descriptor.proto ] || need_apt+=(libprotobuf-dev)
 command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
