@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, EventType, Txn, TxnOp};
-use hccn_runtime::rendezvous::Store;
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, Txn, TxnOp};
+use hccn_runtime::rendezvous::{Member, OnGone, Store};
 use hccn_runtime::{Error, ErrorKind, Result};
 
 const ROOT: &str = "/hccn/";
@@ -114,6 +114,34 @@ impl Store for EtcdStore {
                 });
                 Ok(Some(existing.unwrap_or_default()))
             })
+        })
+    }
+
+    fn keep_member(
+        &self,
+        key: &str,
+        value: &[u8],
+        ttl: Duration,
+        watch: &str,
+        on_gone: OnGone,
+    ) -> Result<Option<Member>> {
+        crate::lease::keep(crate::lease::Spec {
+            endpoints: self.endpoints.clone(),
+            timeout: self.timeout,
+            key: Self::key(key),
+            value: value.to_vec(),
+            ttl,
+            watch: Self::key(watch),
+            on_gone,
+        })
+    }
+
+    fn remove_prefix(&self, prefix: &str) -> Result<()> {
+        self.retry("delete", || {
+            let mut c = self.client.clone();
+            let opts = DeleteOptions::new().with_prefix();
+            self.rt.block_on(c.delete(Self::key(prefix), Some(opts))).map_err(|e| err("delete", e))?;
+            Ok(())
         })
     }
 }

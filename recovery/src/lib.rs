@@ -2,6 +2,7 @@
 //! multi-host and elastic jobs. tokio lives here only; the data path never touches etcd.
 
 mod etcd;
+mod lease;
 
 pub use etcd::EtcdStore;
 

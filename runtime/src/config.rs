@@ -28,6 +28,7 @@ pub const VARIABLES: &[Variable] = &[
     Variable { name: "HCCN_CHUNK_BYTES", default: "`524288`", meaning: "Pipeline chunk size of the ring and tree algorithms (4 KiB .. 8 MiB)." },
     Variable { name: "HCCN_HEARTBEAT_MS", default: "`100`", meaning: "Interval of the heartbeat each rank sends on every connection; `0` turns heartbeats (and silence detection) off." },
     Variable { name: "HCCN_DEAD_AFTER_MS", default: "`1000`", meaning: "A peer silent this long (no frame, no heartbeat, nothing waiting in its socket) is declared failed: a frozen process or a cut link. Raise it where ranks may stall longer without being dead (dead versus slow)." },
+    Variable { name: "HCCN_LEASE_TTL_S", default: "`2`", meaning: "With an etcd store, each world communicator's membership key lives on a lease of this many seconds, kept alive in the background: a backstop that declares a rank failed when its process dies or freezes, even with heartbeats off (1 .. 3600; etcd may round it up)." },
     Variable { name: "HCCN_TRACE", default: "(off)", meaning: "Directory where each rank writes a Chrome trace-event file `hccn-trace-<job>-<rank>.json` (one event per operation and per transfer); see docs/observability.md." },
     Variable { name: "HCCN_LOG", default: "`warn`", meaning: "Log filter (`error`, `warn`, `info`, `debug`, `trace`, or tracing's `target=level` list); logs go to stderr." },
 ];
@@ -46,6 +47,8 @@ pub struct Config {
     pub heartbeat: Duration,
     /// Silence after which a peer is declared failed.
     pub dead_after: Duration,
+    /// TTL of the etcd lease behind each membership key.
+    pub lease_ttl: Duration,
     pub log: String,
     /// `HCCN_JOB_ID` when set (the launcher keeps a given job name).
     pub job_id: Option<String>,
@@ -75,6 +78,7 @@ impl Default for Config {
             chunk_bytes: 512 << 10,
             heartbeat: Duration::from_millis(100),
             dead_after: Duration::from_millis(1000),
+            lease_ttl: Duration::from_secs(2),
             log: "warn".to_owned(),
             job_id: None,
             job_token: None,
@@ -120,6 +124,13 @@ impl Config {
         }
         if let Some(v) = get("HCCN_DEAD_AFTER_MS") {
             c.dead_after = Duration::from_millis(parse("HCCN_DEAD_AFTER_MS", &v, "a number of milliseconds")?);
+        }
+        if let Some(v) = get("HCCN_LEASE_TTL_S") {
+            let s: u64 = parse("HCCN_LEASE_TTL_S", &v, "a number of seconds")?;
+            if !(1..=3600).contains(&s) {
+                return Err(Error::invalid(format!("HCCN_LEASE_TTL_S={s} is outside 1..=3600")));
+            }
+            c.lease_ttl = Duration::from_secs(s);
         }
         if !c.heartbeat.is_zero() && c.dead_after < 2 * c.heartbeat {
             return Err(Error::invalid(format!(

@@ -37,6 +37,50 @@ fn set_get_wait_and_concurrent_add() {
     // Create-only records: the first decision for a key wins, later ones see it.
     assert_eq!(store.create("test/epochs/1", b"first").ok(), Some(None));
     assert_eq!(store.create("test/epochs/1", b"second").ok(), Some(Some(b"first".to_vec())));
+    // Clean-up removes a whole subtree and nothing beside it.
+    store.set("test/join/1/addr", b"a").expect("set");
+    store.set("test/join/1/admit", b"b").expect("set");
+    store.set("test/join/10/addr", b"c").expect("set");
+    store.remove_prefix("test/join/1/").expect("remove");
+    assert_eq!(store.get("test/join/1/addr", Duration::ZERO).err().map(|e| e.kind()), Some(ErrorKind::Timeout));
+    assert_eq!(store.get("test/join/10/addr", Duration::ZERO).ok(), Some(b"c".to_vec()));
+}
+
+#[test]
+fn a_member_that_leaves_on_purpose_is_not_reported_gone() {
+    let etcd = EtcdServer::start().expect("etcd");
+    let connect =
+        || EtcdStore::connect(std::slice::from_ref(&etcd.endpoint), Duration::from_secs(10)).expect("connect");
+    let (a, b) = (connect(), connect());
+    let gone = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = gone.clone();
+    let on_gone = Box::new(move |name: &str| seen.lock().expect("lock").push(name.to_owned()));
+    let watcher = a.keep_member("m/0/0", b"1", Duration::from_secs(2), "m/0/", on_gone).expect("keep").expect("lease");
+    let leaver = b.keep_member("m/0/1", b"1", Duration::from_secs(2), "m/0/", Box::new(|_| {})).expect("keep");
+    assert_eq!(a.get("m/0/1", Duration::from_secs(5)).ok(), Some(b"1".to_vec()));
+    drop(leaver);
+    // The withdrawn key goes at once; its lease's expiry would come only after 2 s.
+    std::thread::sleep(Duration::from_millis(3000));
+    assert_eq!(a.get("m/0/1", Duration::ZERO).err().map(|e| e.kind()), Some(ErrorKind::Timeout));
+    assert!(gone.lock().expect("lock").is_empty(), "a graceful departure was reported: {:?}", gone.lock());
+    drop(watcher);
+}
+
+#[test]
+fn with_heartbeats_off_the_etcd_lease_still_finds_a_frozen_rank() {
+    let etcd = EtcdServer::start().expect("etcd");
+    let faults = PathBuf::from(env!("CARGO_BIN_EXE_hccn-faults"));
+    let mut cmd = std::process::Command::new(launch::bin("hccnrun"));
+    cmd.args(["--store", &etcd.url(), "-n", "3", "--"]).arg(faults).arg("freeze");
+    cmd.env("HCCN_HEARTBEAT_MS", "0").env("HCCN_LEASE_TTL_S", "2");
+    let out = launch::run(cmd, Duration::from_secs(120));
+    assert_eq!(out.code, Some(137), "the frozen rank is killed at the end: {}", out.describe());
+    for r in 0..2 {
+        let line = out.stdout.lines().find(|l| l.starts_with(&format!("[{r}] ERROR_AT"))).unwrap_or_default();
+        assert!(line.contains("code=100 failed=[2]"), "rank {r}: {}", out.describe());
+        assert!(line.contains("membership lease"), "rank {r} learnt it elsewhere: {line}");
+        assert!(out.stdout.contains(&format!("[{r}] SHRUNK size=2 epoch=1 result=Ok(())")), "{}", out.describe());
+    }
 }
 
 #[test]

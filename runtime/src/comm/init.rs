@@ -77,6 +77,6 @@ impl Communicator {
             store.set(&join::formed_key(prefix), b"1")?;
         }
         tracing::info!(rank, size, prefix = %prefix, "communicator ready");
-        Ok(Communicator::from_inner(inner.with_origin(Some(origin.clone()))))
+        Ok(Communicator::world(inner, origin))
     }
 }

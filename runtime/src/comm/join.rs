@@ -159,7 +159,7 @@ impl Communicator {
         let net = Arc::new(Net::new(rank, links, inbox, cfg));
         let inner = CommInner::new(net, adm.id, adm.epoch, rank, (0..size).collect(), cfg.timeout, cfg.chunk_bytes);
         tracing::info!(rank, size, epoch = adm.epoch, "joined");
-        Ok(Communicator::from_inner(inner.with_origin(Some(origin.clone()))))
+        Ok(Communicator::world(inner, origin))
     }
 
     /// Called by every survivor: agrees on the failed set, then admits the ranks waiting in the
@@ -199,7 +199,7 @@ impl Communicator {
         }
         tracing::info!(rank, size = adm.size(), epoch, joiners = adm.joiners.len(), "communicator rebuilt");
         let inner = CommInner::new(c.net.clone(), adm.id, epoch, rank, members, c.timeout, c.chunk_bytes);
-        Ok(Communicator::from_inner(inner.with_origin(Some(origin))))
+        Ok(Communicator::world(inner, origin))
     }
 }
 
@@ -296,7 +296,26 @@ fn admit(
         store.set(&admit_key(prefix, *t), &record)?;
     }
     store.set(&admitted_key(prefix), &last.to_le_bytes())?;
+    if let Err(e) = forget_tickets(store, prefix, admitted) {
+        tracing::warn!("old join tickets stay in the store: {e}");
+    }
     Ok(adm)
+}
+
+/// Removes the records of tickets up to `admitted`: those ranks were admitted by an earlier
+/// round, are members now and never read them again. (Epoch decisions stay: a few bytes each,
+/// and they are what stops a stale partition from deciding an old epoch again.)
+fn forget_tickets(store: &dyn Store, prefix: &str, admitted: u64) -> Result<()> {
+    let key = format!("{prefix}/join/forgotten");
+    let forgotten = match store.get(&key, Duration::ZERO) {
+        Ok(v) => u64::from_le_bytes(v.get(..8).and_then(|b| b.try_into().ok()).unwrap_or_default()),
+        Err(e) if e.kind() == ErrorKind::Timeout => 0,
+        Err(e) => return Err(e),
+    };
+    for t in forgotten + 1..=admitted {
+        store.remove_prefix(&format!("{prefix}/join/{t}/"))?;
+    }
+    store.set(&key, &admitted.max(forgotten).to_le_bytes())
 }
 
 #[cfg(test)]
@@ -315,5 +334,51 @@ mod tests {
         let b = a.encode();
         assert!(Admission::decode(&b[..b.len() - 1]).is_err());
         assert!(Admission::decode(&[0u8; 3]).is_err());
+    }
+
+    /// A store in memory, with clean-up, for the bookkeeping below.
+    #[derive(Default)]
+    struct MemStore(std::sync::Mutex<std::collections::BTreeMap<String, Vec<u8>>>);
+
+    impl Store for MemStore {
+        fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+            self.0.lock().map_err(|_| Error::internal("poisoned"))?.insert(key.into(), value.into());
+            Ok(())
+        }
+        fn get(&self, key: &str, _: Duration) -> Result<Vec<u8>> {
+            let map = self.0.lock().map_err(|_| Error::internal("poisoned"))?;
+            map.get(key).cloned().ok_or_else(|| Error::timeout("absent"))
+        }
+        fn add(&self, _: &str, _: i64) -> Result<i64> {
+            Err(Error::internal("unused"))
+        }
+        fn create(&self, _: &str, _: &[u8]) -> Result<Option<Vec<u8>>> {
+            Err(Error::internal("unused"))
+        }
+        fn remove_prefix(&self, prefix: &str) -> Result<()> {
+            self.0.lock().map_err(|_| Error::internal("poisoned"))?.retain(|k, _| !k.starts_with(prefix));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn admitted_tickets_are_forgotten_once_and_only_they() {
+        let store = MemStore::default();
+        for t in 1..=5u64 {
+            store.set(&addr_key("p", t), b"a").ok();
+            store.set(&admit_key("p", t), b"b").ok();
+        }
+        let left = |store: &MemStore| -> Vec<u64> {
+            (1..=5).filter(|&t| store.get(&addr_key("p", t), Duration::ZERO).is_ok()).collect()
+        };
+        forget_tickets(&store, "p", 0).ok();
+        assert_eq!(left(&store), vec![1, 2, 3, 4, 5]);
+        forget_tickets(&store, "p", 2).ok();
+        assert_eq!(left(&store), vec![3, 4, 5]);
+        assert!(store.get(&admit_key("p", 2), Duration::ZERO).is_err());
+        // A record written again below the mark is not revisited: each round removes only its range.
+        store.set(&addr_key("p", 1), b"again").ok();
+        forget_tickets(&store, "p", 4).ok();
+        assert_eq!(left(&store), vec![1, 5]);
     }
 }

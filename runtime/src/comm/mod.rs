@@ -6,6 +6,7 @@ pub mod agree_sim;
 mod group;
 mod init;
 mod join;
+mod membership;
 mod shrink;
 mod typed;
 
@@ -56,6 +57,8 @@ pub(crate) struct CommInner {
     async_error: Mutex<Option<Error>>,
     /// Set on world communicators (and what shrink and rebuild make of them).
     pub origin: Option<Arc<Origin>>,
+    /// This communicator's membership key, on stores with leases.
+    member: membership::MemberSlot,
 }
 
 /// A communicator. Clones share it; it lives until the last clone and the last queued
@@ -113,6 +116,7 @@ impl CommInner {
             aborted: AtomicBool::new(false),
             async_error: Mutex::new(None),
             origin: None,
+            member: membership::MemberSlot::default(),
         }
     }
 

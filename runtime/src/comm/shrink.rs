@@ -55,6 +55,9 @@ impl Communicator {
         let members = survivors.iter().map(|&r| c.members[r as usize]).collect();
         tracing::info!(old_rank = c.rank, new_rank = rank, epoch, ?failed, "communicator shrunk");
         let inner = CommInner::new(c.net.clone(), id, epoch, rank as u32, members, c.timeout, c.chunk_bytes);
-        Ok(Communicator::from_inner(inner.with_origin(c.origin.clone())))
+        Ok(match c.origin.clone() {
+            Some(origin) => Communicator::world(inner, origin),
+            None => Communicator::from_inner(inner),
+        })
     }
 }

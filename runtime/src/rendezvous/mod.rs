@@ -22,7 +22,38 @@ pub trait Store: Send + Sync {
     /// Sets `key` only if it does not exist (compare-and-swap on absence): `None` when this call
     /// created it, else the value already there.
     fn create(&self, key: &str, value: &[u8]) -> Result<Option<Vec<u8>>>;
+
+    /// Publishes `key` = `value` for as long as this process lives (etcd: a key bound to a lease
+    /// kept alive in the background), and calls `on_gone` with the name, below `watch`, of every
+    /// key there that vanishes without being withdrawn: its process died, or froze past the
+    /// lease's `ttl`. The key is withdrawn when the returned guard drops. Stores without leases
+    /// return `None`: the embedded store lives only as long as the job, and heartbeats alone
+    /// detect failures there.
+    fn keep_member(
+        &self,
+        key: &str,
+        value: &[u8],
+        ttl: Duration,
+        watch: &str,
+        on_gone: OnGone,
+    ) -> Result<Option<Member>> {
+        let _ = (key, value, ttl, watch, on_gone);
+        Ok(None)
+    }
+
+    /// Deletes every key under `prefix` (records nobody will read again). Stores that live only
+    /// as long as the job keep them and return `Ok`.
+    fn remove_prefix(&self, prefix: &str) -> Result<()> {
+        let _ = prefix;
+        Ok(())
+    }
 }
+
+/// Called with the name of a membership key that vanished without being withdrawn.
+pub type OnGone = Box<dyn Fn(&str) + Send + Sync>;
+
+/// A published membership key; dropping it withdraws the key (a graceful departure).
+pub type Member = Box<dyn Send>;
 
 /// A parsed `HCCN_STORE` value.
 #[derive(Debug, Clone, PartialEq, Eq)]
