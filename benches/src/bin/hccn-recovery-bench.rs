@@ -86,7 +86,7 @@ fn run(faults: u64) -> Result<(), String> {
     // Everyone is done once rank 0 has passed this barrier: only then read the records.
     comm.barrier().map_err(|e| e.to_string())?;
     if comm.rank() == 0 {
-        report(&dir, faults, state[0], redone as f64 / witnessed.max(1) as f64);
+        report(&dir, faults, comm.size(), state[0], redone as f64 / witnessed.max(1) as f64);
         let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(())
@@ -107,7 +107,7 @@ fn recover(comm: &Communicator) -> (Result<(f64, f64), String>, Option<Communica
     }
 }
 
-fn report(dir: &std::path::Path, faults: u64, steps: u64, lost_per_fault: f64) {
+fn report(dir: &std::path::Path, faults: u64, ranks: u32, steps: u64, lost_per_fault: f64) {
     let (mut detect, mut shrink, mut grow, mut hangs) = (Vec::new(), Vec::new(), Vec::new(), 0);
     for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         if !e.file_name().to_string_lossy().starts_with("rec-") {
@@ -124,7 +124,7 @@ fn report(dir: &std::path::Path, faults: u64, steps: u64, lost_per_fault: f64) {
             _ => hangs += 1,
         }
     }
-    println!("# hccn recovery: {faults} faults, {} survivor records, 4 ranks per job", detect.len());
+    println!("# hccn recovery: {faults} faults, {} survivor records, {ranks} ranks per job", detect.len());
     println!("# {:<28} {:>9} {:>9}", "time (ms)", "p50", "p99");
     for (name, v) in [
         ("detection (kill -> error)", &mut detect),
