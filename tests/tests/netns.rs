@@ -207,3 +207,27 @@ fn a_cut_link_is_detected_and_only_the_side_with_the_store_rebuilds() {
         assert!(b.stdout.contains(&format!("[{r}] REBUILD_FAILED")), "{}", b.describe());
     }
 }
+
+#[test]
+fn hccnrun_starts_a_job_across_hosts_from_a_host_file() {
+    let hosts = Hosts::new("h");
+    let dir = std::env::temp_dir().join(format!("hccn-hostfile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("hosts");
+    let text =
+        format!("# two hosts, two ranks each\n{} slots=2 addr={A_ADDR}\n{} slots=2 addr={B_ADDR}\n", hosts.a, hosts.b);
+    std::fs::write(&file, text).expect("host file");
+    // hccnrun itself runs on host A and hosts the embedded store there; every rank is started
+    // through the remote command, as ssh would start it on a real machine.
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &hosts.a]).arg(launch::bin("hccnrun"));
+    cmd.arg("--hostfile").arg(&file).args(["--remote-cmd", "ip netns exec {host}", "--"]);
+    cmd.arg(env!("CARGO_BIN_EXE_hccn-matrix")).arg("--quick");
+    cmd.env("HCCN_BIND_ADDR", A_ADDR).env("HCCN_CHUNK_BYTES", "4096").env("HCCN_TIMEOUT_MS", "5000");
+    let out = launch::run(cmd, Duration::from_secs(180));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    for r in 0..4 {
+        assert!(out.stdout.contains(&format!("[{r}] rank {r} of 4: ")), "{}", out.describe());
+    }
+}

@@ -14,10 +14,14 @@ use std::time::{Duration, Instant};
 use hccn_runtime::{Config, StoreServer};
 
 use crate::args::{self, Args, UsageError};
+use crate::hostfile::{self, Host};
+
+/// How `--hostfile` starts remote ranks unless `--remote-cmd` says otherwise.
+const DEFAULT_REMOTE: &str = "ssh -o BatchMode=yes";
 
 pub const USAGE: &str = "\
-usage: hccnrun -n N [--nnodes M --node-rank I] [--timeout SECONDS] [--grace SECONDS]
-               [--store URL | --etcd-local]
+usage: hccnrun -n N [--nnodes M --node-rank I | --hostfile FILE [--remote-cmd CMD]]
+               [--timeout SECONDS] [--grace SECONDS] [--store URL | --etcd-local]
                [--elastic [--min-ranks M] [--max-restarts K]] [--] PROGRAM [ARGS...]
 
 Starts N ranks of PROGRAM on this host around an embedded rendezvous store. Each rank gets
@@ -32,6 +36,13 @@ HCCN_JOB_TOKEN; its stdout and stderr lines are prefixed with \"[rank] \". Stdin
                        world has M*N ranks. Needs --store, and the same HCCN_JOB_ID and
                        HCCN_JOB_TOKEN in every hccnrun's environment
   --node-rank I        this host's index (0..M-1): its ranks are I*N .. I*N+N-1
+  --hostfile FILE      start the job from here across the hosts in FILE, one per line:
+                       `NAME [slots=N] [addr=IP]` (ranks fill hosts in order; -n defaults to
+                       all slots; `localhost` runs here). Remote ranks listen on addr= (else
+                       NAME resolved); the embedded store listens on HCCN_BIND_ADDR, which must
+                       then be an address the hosts reach
+  --remote-cmd CMD     how remote ranks start (default `ssh -o BatchMode=yes`): `{host}` in CMD
+                       is the host's name, else it is appended; e.g. `ip netns exec {host}`
   --store URL          use this rendezvous store (etcd://host:port[,host:port...] or
                        tcp://host:port) instead of hosting an embedded one
   --etcd-local         start a private etcd for the job (loopback, temporary data directory)
@@ -71,8 +82,23 @@ pub struct Options {
     /// `--nnodes`, `--node-rank`: hosts in the job and this one's index.
     pub nnodes: u32,
     pub node_rank: u32,
+    /// `--hostfile`: the hosts this hccnrun starts ranks on, and how.
+    pub hosts: Option<Vec<Host>>,
+    pub remote_cmd: String,
     pub program: OsString,
     pub args: Vec<OsString>,
+}
+
+impl Options {
+    /// Where rank `rank` runs (this host unless the host file puts it elsewhere).
+    fn place(&self, rank: u32) -> Result<hostfile::Place<'_>, String> {
+        match &self.hosts {
+            Some(hosts) => hostfile::place(hosts, self.nranks, rank),
+            None => {
+                Ok(hostfile::Place { host: None, local: rank - self.node_rank * self.nranks, local_size: self.nranks })
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,6 +119,7 @@ pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
     let mut grace = Duration::from_secs(3);
     let (mut elastic, mut min_ranks, mut max_restarts, mut store, mut etcd_local) = (false, None, None, None, false);
     let (mut nnodes, mut node_rank) = (1u32, None);
+    let (mut hosts, mut remote_cmd) = (None, DEFAULT_REMOTE.to_owned());
     while let Some((name, inline)) = a.next_option()? {
         match name.as_str() {
             "-h" | "--help" => return Ok(Invocation::Help),
@@ -120,12 +147,25 @@ pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
                 hccn_runtime::StoreAddr::parse(&url).map_err(|e| UsageError(e.to_string()))?;
                 store = Some(url);
             }
+            "--hostfile" => {
+                let path = a.value(&name, inline)?;
+                let text = std::fs::read_to_string(&path).map_err(|e| UsageError(format!("--hostfile {path}: {e}")))?;
+                hosts = Some(hostfile::parse(&text).map_err(|e| UsageError(format!("--hostfile {path}: {e}")))?);
+            }
+            "--remote-cmd" => remote_cmd = a.value(&name, inline)?,
             "--min-ranks" => min_ranks = Some(args::number::<u32>(&name, &a.value(&name, inline)?)?),
             "--max-restarts" => max_restarts = Some(args::number::<u32>(&name, &a.value(&name, inline)?)?),
             _ => return Err(UsageError(format!("unknown option {name}"))),
         }
     }
-    let nranks = nranks.ok_or_else(|| UsageError("the number of ranks (-n N) is required".into()))?;
+    let slots = hosts.as_ref().map(|h: &Vec<Host>| h.iter().map(|h| h.slots).sum::<u32>());
+    let nranks = nranks.or(slots).ok_or_else(|| UsageError("the number of ranks (-n N) is required".into()))?;
+    if let Some(hosts) = &hosts {
+        if nnodes > 1 {
+            return Err(UsageError("--hostfile and --nnodes exclude each other".into()));
+        }
+        hostfile::place(hosts, nranks, 0).map_err(UsageError)?;
+    }
     let node_rank = node_rank.unwrap_or(0);
     if nnodes == 0 || node_rank >= nnodes {
         return Err(UsageError(format!("--node-rank {node_rank} must be below --nnodes {nnodes}")));
@@ -152,6 +192,8 @@ pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
         etcd_local,
         nnodes,
         node_rank,
+        hosts,
+        remote_cmd,
         program,
         args: rest.collect(),
     }))
@@ -347,15 +389,37 @@ struct Job {
 }
 
 impl Job {
-    /// Starts the rank with index `local` on this host (global rank node_rank * N + local).
-    fn spawn(&mut self, o: &Options, local: u32, env: &[(&str, String)]) -> io::Result<()> {
-        let rank = o.node_rank * o.nranks + local;
-        let mut cmd = Command::new(&o.program);
-        cmd.args(&o.args)
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .env("HCCN_RANK", rank.to_string())
-            .env("HCCN_LOCAL_RANK", local.to_string())
-            .stdin(Stdio::null())
+    /// Starts rank `rank`: here, or on its host from the host file through the remote command.
+    fn spawn(&mut self, o: &Options, rank: u32, env: &[(&str, String)]) -> io::Result<()> {
+        let place = o.place(rank).map_err(io::Error::other)?;
+        let mut vars: Vec<(String, String)> = env.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect();
+        vars.push(("HCCN_RANK".into(), rank.to_string()));
+        vars.push(("HCCN_LOCAL_RANK".into(), place.local.to_string()));
+        vars.push(("HCCN_LOCAL_WORLD_SIZE".into(), place.local_size.to_string()));
+        let mut cmd = match place.host {
+            None => {
+                let mut cmd = Command::new(&o.program);
+                cmd.args(&o.args).envs(vars.iter().map(|(k, v)| (k, v)));
+                cmd
+            }
+            Some(host) => {
+                // The remote side gets no environment of ours (ssh forwards none), so the
+                // settings given to hccnrun travel on the command line.
+                let forwarded =
+                    std::env::vars().filter(|(k, _)| k.starts_with("HCCN_") && !vars.iter().any(|(v, _)| v == k));
+                let mut all: Vec<(String, String)> = forwarded.collect();
+                all.extend(vars);
+                let addr = hostfile::listen_addr(host).map_err(io::Error::other)?;
+                all.retain(|(k, _)| k != "HCCN_BIND_ADDR");
+                all.push(("HCCN_BIND_ADDR".into(), addr.to_string()));
+                let argv =
+                    hostfile::remote_argv(&o.remote_cmd, host, &all, &o.program, &o.args).map_err(io::Error::other)?;
+                let mut cmd = Command::new(&argv[0]);
+                cmd.args(&argv[1..]);
+                cmd
+            }
+        };
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             // Its own group, so that stopping a rank reaches whatever it started (a shell's
@@ -431,7 +495,7 @@ impl Job {
         }
         self.restarts += 1;
         say(format_args!("starting a replacement for rank {rank} (restart {} of {})", self.restarts, el.max_restarts));
-        match self.spawn(o, rank - o.node_rank * o.nranks, env) {
+        match self.spawn(o, rank, env) {
             Ok(()) => true,
             Err(e) => {
                 say(format_args!("cannot start a replacement for rank {rank}: {e}"));
@@ -547,6 +611,16 @@ pub fn run(o: &Options) -> Result<i32, String> {
         Some(id) => id,
         None => format!("job-{}", random_hex::<4>()?),
     };
+    let remote = o.hosts.iter().flatten().any(|h| h.name != "localhost");
+    if remote && o.etcd_local {
+        return Err("--etcd-local listens on loopback only, out of the remote hosts' reach; give --store".into());
+    }
+    if remote && o.store.is_none() && cfg.bind_addr.is_loopback() {
+        return Err(format!(
+            "--hostfile with remote hosts: the embedded store would listen on {} (HCCN_BIND_ADDR), which they cannot reach; set HCCN_BIND_ADDR to this host's address or give --store",
+            cfg.bind_addr
+        ));
+    }
     // A store started here lives as long as the job; an external one is only named.
     let (hosted, store_url) = match &o.store {
         Some(url) => (None, url.clone()),
@@ -564,14 +638,13 @@ pub fn run(o: &Options) -> Result<i32, String> {
     };
     let env = [
         ("HCCN_WORLD_SIZE", (o.nnodes * o.nranks).to_string()),
-        ("HCCN_LOCAL_WORLD_SIZE", o.nranks.to_string()),
         ("HCCN_STORE", store_url),
         ("HCCN_JOB_ID", job_id),
         ("HCCN_JOB_TOKEN", token),
     ];
     install_signal_handlers();
     let mut job = Job { ranks: Vec::new(), readers: Vec::new(), outcome: None, phase: Phase::Running, restarts: 0 };
-    for rank in 0..o.nranks {
+    for rank in o.node_rank * o.nranks..(o.node_rank + 1) * o.nranks {
         if let Err(e) = job.spawn(o, rank, &env) {
             say(format_args!("cannot start rank {rank} ({}): {e}", o.program.to_string_lossy()));
             job.outcome = Some(if e.kind() == io::ErrorKind::NotFound { 127 } else { 126 });
@@ -615,6 +688,21 @@ mod tests {
             assert!(parse_strs(bad).is_err(), "{bad:?}");
         }
         assert!(parse_strs(&["-n", "2", "--bogus", "p"]).is_err());
+    }
+
+    #[test]
+    fn a_host_file_sets_the_world_and_excludes_nnodes() {
+        let dir = std::env::temp_dir().join(format!("hccnrun-hosts-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("hosts");
+        std::fs::write(&file, "a slots=2\nb slots=3\n").expect("write");
+        let f = file.to_string_lossy().into_owned();
+        let Ok(Invocation::Run(o)) = parse_strs(&["--hostfile", &f, "p"]) else { panic!("not parsed") };
+        assert_eq!((o.nranks, o.remote_cmd.as_str()), (5, DEFAULT_REMOTE));
+        assert!(parse_strs(&["--hostfile", &f, "-n", "6", "p"]).is_err(), "more ranks than slots");
+        assert!(parse_strs(&["--hostfile", &f, "--nnodes", "2", "--store", "tcp://127.0.0.1:1", "p"]).is_err());
+        assert!(parse_strs(&["--hostfile", "/nonexistent/hosts", "p"]).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

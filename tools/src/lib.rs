@@ -5,6 +5,7 @@
 
 pub mod args;
 pub mod etcd_local;
+pub mod hostfile;
 pub mod info;
 pub mod launch;
 pub mod perf;
