@@ -66,11 +66,7 @@ fn ldd(program: &Path) -> String {
 /// Installs into a fresh prefix from this build's library and tools.
 fn install(prefix: &Path) {
     let mut cmd = clean("bash");
-    cmd.arg(root().join("scripts/install.sh"))
-        .arg("--prefix")
-        .arg(prefix)
-        .arg("--from")
-        .arg(launch::bin_dir());
+    cmd.arg(root().join("scripts/install.sh")).arg("--prefix").arg(prefix).arg("--from").arg(launch::bin_dir());
     must(launch::run(cmd, BUILD_TIMEOUT), "scripts/install.sh");
     for f in [
         "lib/libhccn.so",
