@@ -7,6 +7,9 @@ set -euo pipefail
 
 TF_VERSION=2.21.0          # tensorflow-cpu
 MINDSPORE_VERSION=2.10.0   # CPU+Ascend wheel; used on CPU here
+# MindSpore 2.10's extension modules are built against NumPy 1.x: with NumPy 2 (what pip picks
+# by default) its autodiff path prints import errors and reports "Numpy init failed".
+MINDSPORE_NUMPY=1.26.4
 VENVS=/opt/hccn/venvs
 # Debian's interpreter: the frameworks' wheels are built for the system glibc/libstdc++.
 PY=${PYTHON:-/usr/bin/python3}
@@ -50,8 +53,8 @@ case $which_one in
     ;;&
   mindspore | all)
     make_venv mindspore \
-      "import mindspore as ms; assert ms.__version__ == '$MINDSPORE_VERSION'" \
-      "mindspore==$MINDSPORE_VERSION"
+      "import numpy, mindspore as ms; assert ms.__version__ == '$MINDSPORE_VERSION' and numpy.__version__ == '$MINDSPORE_NUMPY'" \
+      "mindspore==$MINDSPORE_VERSION" "numpy==$MINDSPORE_NUMPY"
     ;;
   tf) ;;
   *)
