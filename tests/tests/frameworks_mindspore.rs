@@ -49,6 +49,10 @@ fn run_two_ranks(script: &str) -> Outcome {
     cmd.args(["-n", "2", "--", PYTHON])
         .arg(root().join("bindings/mindspore/tests").join(script))
         .env("PYTHONPATH", built())
+        // A framework's import and first trace can keep one rank seconds behind the other on a
+        // loaded machine: give each wait more room than the default 30 s (the run's own hard
+        // timeout still applies).
+        .env("HCCN_TIMEOUT_MS", "120000")
         // The shim finds libhccn.so through its rpath, as a user's would.
         .env_remove("LD_LIBRARY_PATH");
     launch::run(cmd, RUN_TIMEOUT)

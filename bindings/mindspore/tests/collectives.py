@@ -33,13 +33,17 @@ tri = n * (n + 1) // 2
 cells = {op: hccn_ms.AllReduce(op) for op in ("sum", "prod", "max", "min", "average")}
 
 # AllReduce: every op over the dtypes MindSpore hands to AOT kernels; small integers, exact.
-for dt in [np.int8, np.int16, np.int32, np.int64, np.uint8, np.float16, np.float32, np.float64]:
+for dt in [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+           np.float16, np.float32, np.float64]:
     base = np.arange(6)
     x = ms.Tensor((base + r + 1).astype(dt))
     name = np.dtype(dt).name
     check(f"allreduce sum {name}", cells["sum"](x), (n * base + tri).astype(dt))
     check(f"allreduce max {name}", cells["max"](x), (base + n).astype(dt))
     check(f"allreduce min {name}", cells["min"](x), (base + 1).astype(dt))
+bf = cells["sum"](ms.Tensor(np.arange(4, dtype=np.float32) + r, dtype=ms.bfloat16))
+check("allreduce sum bfloat16 keeps its dtype", bf.dtype == ms.bfloat16, True)
+check("allreduce sum bfloat16", bf.float(), (n * np.arange(4) + n * (n - 1) // 2).astype(np.float32))
 x = ms.Tensor(np.array([[1.0, 2.0], [3.0, 4.0]], np.float32) * (r + 1))
 check("allreduce prod f32", cells["prod"](x),
       np.array([[1.0, 2.0], [3.0, 4.0]], np.float32) ** n * np.float32(np.prod(np.arange(1, n + 1))))
