@@ -21,7 +21,7 @@ ensure_python() {
     echo "setup-frameworks: installing python3-venv"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq --no-install-recommends python3 python3-venv python3-dev
+    apt-get install -y -qq --no-install-recommends python3 python3-venv
   fi
 }
 

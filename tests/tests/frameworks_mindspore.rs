@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use hccn_tests::launch::{self, Outcome};
 
@@ -34,8 +34,8 @@ fn built() -> &'static Path {
             Path::new(PYTHON).exists(),
             "{PYTHON} is missing: run `bash scripts/setup-frameworks.sh mindspore` (scripts/test.sh does)"
         );
-        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-        let out = std::env::temp_dir().join(format!("hccn-mindspore-{}-{nanos}", std::process::id()));
+        // Under target/<profile>/, rebuilt on every run: nothing is left in the temp dir.
+        let out = launch::bin_dir().join("bindings-mindspore");
         let mut cmd = Command::new("bash");
         cmd.arg(root().join("bindings/mindspore/build.sh")).arg("--lib").arg(launch::bin_dir()).arg("--out").arg(&out);
         let build = launch::run(cmd, BUILD_TIMEOUT);
