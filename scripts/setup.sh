@@ -7,6 +7,8 @@ need_apt=()
 command -v gcc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
 command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
 command -v make >/dev/null 2>&1 || need_apt+=(make)
+# examples/cpp is built through find_package(hccn) from an installed prefix in the tests.
+command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 command -v ps >/dev/null 2>&1 || need_apt+=(procps)

@@ -11,5 +11,7 @@ echo "== clippy"
 cargo clippy --release --workspace --all-targets -- -D warnings
 echo "== build (libhccn.so, libhccn.a, hccnrun, hccn-perf, test programs)"
 cargo build --release --workspace
+# Pinned TensorFlow and MindSpore venvs for tests/tests/frameworks_*.rs (reused when present).
+bash scripts/setup-frameworks.sh all
 echo "== tests"
 cargo test --release --workspace -- --test-threads=2
