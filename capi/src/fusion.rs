@@ -33,7 +33,7 @@ fn with_bucket(
         COMMS
             .get(b.comm as *const hccn_comm, "the bucket's communicator")
             .map_err(|e| Error::invalid(format!("{} (destroy buckets before their communicator)", e.message())))?;
-        f(&mut b.bucket, s.as_deref())?;
+        f(&mut b.bucket, s.as_deref().map(|s| &s.host))?;
         ok()
     })
 }
@@ -50,6 +50,12 @@ pub unsafe extern "C" fn hccn_bucket_create(
     guard(|| {
         let out = out_ptr(bucket, "bucket")?;
         let c = COMMS.get(comm, "comm")?;
+        if let crate::backend::CommHandle::Hccl(_) = &*c {
+            return Err(Error::new(
+                hccn_runtime::ErrorKind::NotSupported,
+                "fusion buckets run on the native backend only; on HCCL, fuse into one device buffer and call hccn_allreduce",
+            ));
+        }
         let b = Bucket::new((*c).clone(), capacity_bytes, DataType::from_raw(dt)?, ReduceOp::from_raw(op)?)?;
         write(out, BUCKETS.insert(Mutex::new(CBucket { bucket: b, comm: comm as usize })));
         ok()
