@@ -95,30 +95,78 @@ pub struct Signature {
 
 // C type of each parameter kind, as the public headers spell it.
 macro_rules! cty {
-    (ptr) => { "void *" };
-    (cptr) => { "const void *" };
-    (ptr_p) => { "void **" };
-    (u64) => { "uint64_t" };
-    (u32) => { "uint32_t" };
-    (i32) => { "int32_t" };
-    (usize) => { "size_t" };
-    (u32_p) => { "uint32_t *" };
-    (cstr) => { "const char *" };
-    (HcclResult) => { "HcclResult" };
-    (HcclResult_p) => { "HcclResult *" };
-    (HcclDataType) => { "HcclDataType" };
-    (HcclReduceOp) => { "HcclReduceOp" };
-    (HcclComm) => { "HcclComm" };
-    (HcclComm_p) => { "HcclComm *" };
-    (HcclRootInfo_p) => { "HcclRootInfo *" };
-    (cHcclRootInfo_p) => { "const HcclRootInfo *" };
-    (HcclCommConfig_p) => { "HcclCommConfig *" };
-    (cHcclCommConfig_p) => { "const HcclCommConfig *" };
-    (aclError) => { "aclError" };
-    (aclrtStream) => { "aclrtStream" };
-    (aclrtStream_p) => { "aclrtStream *" };
-    (aclrtMemcpyKind) => { "aclrtMemcpyKind" };
-    (aclrtStreamStatus_p) => { "aclrtStreamStatus *" };
+    (ptr) => {
+        "void *"
+    };
+    (cptr) => {
+        "const void *"
+    };
+    (ptr_p) => {
+        "void **"
+    };
+    (u64) => {
+        "uint64_t"
+    };
+    (u32) => {
+        "uint32_t"
+    };
+    (i32) => {
+        "int32_t"
+    };
+    (usize) => {
+        "size_t"
+    };
+    (u32_p) => {
+        "uint32_t *"
+    };
+    (cstr) => {
+        "const char *"
+    };
+    (HcclResult) => {
+        "HcclResult"
+    };
+    (HcclResult_p) => {
+        "HcclResult *"
+    };
+    (HcclDataType) => {
+        "HcclDataType"
+    };
+    (HcclReduceOp) => {
+        "HcclReduceOp"
+    };
+    (HcclComm) => {
+        "HcclComm"
+    };
+    (HcclComm_p) => {
+        "HcclComm *"
+    };
+    (HcclRootInfo_p) => {
+        "HcclRootInfo *"
+    };
+    (cHcclRootInfo_p) => {
+        "const HcclRootInfo *"
+    };
+    (HcclCommConfig_p) => {
+        "HcclCommConfig *"
+    };
+    (cHcclCommConfig_p) => {
+        "const HcclCommConfig *"
+    };
+    (aclError) => {
+        "aclError"
+    };
+    (aclrtStream) => {
+        "aclrtStream"
+    };
+    (aclrtStream_p) => {
+        "aclrtStream *"
+    };
+    (aclrtMemcpyKind) => {
+        "aclrtMemcpyKind"
+    };
+    (aclrtStreamStatus_p) => {
+        "aclrtStreamStatus *"
+    };
 }
 
 // The Rust type of each parameter kind (C enums are int-sized).

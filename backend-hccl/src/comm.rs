@@ -121,14 +121,21 @@ fn parse_root(bytes: &[u8]) -> Result<HcclRootInfo> {
 /// Rank 0 of `native` makes a fresh root info and broadcasts it over `native`.
 fn root_over(backend: &Backend, native: &Communicator) -> Result<HcclRootInfo> {
     let mut buf = if native.rank() == 0 { make_root(backend) } else { vec![0u8; EXCHANGED] };
-    let op = Op::Broadcast { buf: Ptr::from_mut(buf.as_mut_ptr()), count: EXCHANGED as u64, dt: DataType::Uint8, root: 0 };
+    let op =
+        Op::Broadcast { buf: Ptr::from_mut(buf.as_mut_ptr()), count: EXCHANGED as u64, dt: DataType::Uint8, root: 0 };
     // SAFETY: `buf` lives on this frame until the blocking call returns.
     unsafe { native.submit(op, None) }.map_err(|e| e.context("exchanging the HCCL root info"))?;
     parse_root(&buf)
 }
 
 /// Rank 0 of `native` makes a root info and publishes it under `key` in `store`.
-fn root_through_store(backend: &Backend, native: &Communicator, store: &dyn Store, key: &str, cfg: &Config) -> Result<HcclRootInfo> {
+fn root_through_store(
+    backend: &Backend,
+    native: &Communicator,
+    store: &dyn Store,
+    key: &str,
+    cfg: &Config,
+) -> Result<HcclRootInfo> {
     if native.rank() == 0 {
         let bytes = make_root(backend);
         store.set(key, &bytes)?;
@@ -371,17 +378,16 @@ impl HcclCommunicator {
         let v = |p: &Ptr| p.0.cast::<c_void>();
         let t = |d: &DataType| *d as i32;
         let call = |name: &str, rc: api::HcclResult| Some(api.hccl(name, rc));
-        // SAFETY (every call below): public signatures; the buffers are the caller's device
-        // memory, checked by `precheck` like the native path's.
+        // SAFETY: every call below has its public signature; the buffers are the caller's
+        // device memory, checked by `precheck` like the native path's.
         unsafe {
             match op {
                 Op::AllReduce { send, recv, count, dt, op } if reducible(*dt, *op) => {
                     call("HcclAllReduce", api.HcclAllReduce?(v(send), v(recv), *count, t(dt), *op as i32, comm, st))
                 }
-                Op::Reduce { send, recv, count, dt, op, root } if reducible(*dt, *op) => call(
-                    "HcclReduce",
-                    api.HcclReduce?(v(send), v(recv), *count, t(dt), *op as i32, *root, comm, st),
-                ),
+                Op::Reduce { send, recv, count, dt, op, root } if reducible(*dt, *op) => {
+                    call("HcclReduce", api.HcclReduce?(v(send), v(recv), *count, t(dt), *op as i32, *root, comm, st))
+                }
                 Op::ReduceScatter { send, recv, recv_count, dt, op } if reducible(*dt, *op) => call(
                     "HcclReduceScatter",
                     api.HcclReduceScatter?(v(send), v(recv), *recv_count, t(dt), *op as i32, comm, st),

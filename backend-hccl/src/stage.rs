@@ -81,16 +81,24 @@ pub(crate) unsafe fn run(s: &Shared, op: Op) -> Result<()> {
         }
         Op::Reduce { send, recv, count, dt, op, root } => {
             let len = count as usize * dt.size();
-            let mut out = if me == root as usize { d2h(recv, len)? } else { Staged { dev: std::ptr::null_mut(), host: Vec::new() } };
+            let mut out = if me == root as usize {
+                d2h(recv, len)?
+            } else {
+                Staged { dev: std::ptr::null_mut(), host: Vec::new() }
+            };
             let send = input(send, len, &mut out, &mut keep)?;
-            let recv = if out.host.is_empty() { recv_placeholder(recv) } else { Ptr::from_mut(out.host.as_mut_ptr()) };
+            let recv = if out.host.is_empty() { recv } else { Ptr::from_mut(out.host.as_mut_ptr()) };
             (Op::Reduce { send, recv, count, dt, op, root }, out)
         }
         Op::Gather { send, recv, send_count, dt, root } => {
             let len = send_count as usize * dt.size();
-            let mut out = if me == root as usize { d2h(recv, len * n)? } else { Staged { dev: std::ptr::null_mut(), host: Vec::new() } };
+            let mut out = if me == root as usize {
+                d2h(recv, len * n)?
+            } else {
+                Staged { dev: std::ptr::null_mut(), host: Vec::new() }
+            };
             let send = input(send, len, &mut out, &mut keep)?;
-            let recv = if out.host.is_empty() { recv_placeholder(recv) } else { Ptr::from_mut(out.host.as_mut_ptr()) };
+            let recv = if out.host.is_empty() { recv } else { Ptr::from_mut(out.host.as_mut_ptr()) };
             (Op::Gather { send, recv, send_count, dt, root }, out)
         }
         Op::Broadcast { buf, count, dt, root } => {
@@ -151,10 +159,4 @@ pub(crate) unsafe fn run(s: &Shared, op: Op) -> Result<()> {
     h2d(&out)?;
     out.host.clear();
     Ok(())
-}
-
-/// Off the root, reduce and gather do not touch `recv`; hand the native path the same pointer
-/// it would get natively (it is never dereferenced there).
-fn recv_placeholder(p: Ptr) -> Ptr {
-    p
 }

@@ -128,6 +128,7 @@ impl AclStream {
 
     /// Waits without attributing errors (teardown paths).
     pub(crate) fn wait_quiet(&self) -> Result<()> {
+        self.backend.bind()?;
         let sync = need(self.backend.api.aclrtSynchronizeStream, "aclrtSynchronizeStream")?;
         // SAFETY: public signature.
         self.backend.api.acl("aclrtSynchronizeStream", unsafe { sync(self.raw()) })

@@ -1,6 +1,7 @@
 //! Streams and events of API.md.
 
 use std::ffi::c_void;
+use std::sync::Arc;
 
 use hccn_backend_hccl::{AclStream, Backend as Hccl};
 use hccn_runtime::{Backend, Error, ErrorKind, Event, Stream};
@@ -13,7 +14,7 @@ use crate::types::{hccn_event, hccn_result, hccn_stream, HCCN_IN_PROGRESS, HCCN_
 /// memory).
 pub(crate) struct CStream {
     pub host: Stream,
-    pub acl: Option<AclStream>,
+    pub acl: Option<Arc<AclStream>>,
 }
 
 impl CStream {
@@ -44,7 +45,7 @@ pub unsafe extern "C" fn hccn_stream_create(stream: *mut *mut hccn_stream) -> hc
         let cfg = crate::config()?;
         let acl = match cfg.backend {
             Backend::Native => None,
-            Backend::Hccl => Some(AclStream::create(Hccl::get(&cfg)?)?),
+            Backend::Hccl => Some(Arc::new(AclStream::create(Hccl::get(&cfg)?)?)),
         };
         write(out, STREAMS.insert(CStream { host: Stream::new()?, acl }));
         ok()
@@ -94,9 +95,11 @@ pub unsafe extern "C" fn hccn_event_record(event: *mut hccn_event, stream: *mut 
     guard(|| {
         let ev = EVENTS.get(event, "event")?;
         let s = if stream.is_null() { None } else { Some(STREAMS.get(stream, "stream")?) };
-        // On an ACL stream the event is recorded once the device work queued so far is done.
-        if let Some(acl) = s.as_ref().and_then(|s| s.acl.as_ref()) {
-            acl.wait()?;
+        // On an ACL stream the host queue first waits for the device work queued so far.
+        if let Some(st) = s.as_ref() {
+            if let Some(acl) = st.acl.clone() {
+                st.host.enqueue(Box::new(move || acl.wait()))?;
+            }
         }
         ev.record(s.as_deref().map(|s| &s.host));
         ok()
@@ -141,7 +144,7 @@ pub unsafe extern "C" fn hccn_stream_wrap_acl(acl_stream: *mut c_void, stream: *
             ));
         }
         let acl = AclStream::wrap(Hccl::get(&cfg)?, acl_stream)?;
-        write(out, STREAMS.insert(CStream { host: Stream::new()?, acl: Some(acl) }));
+        write(out, STREAMS.insert(CStream { host: Stream::new()?, acl: Some(Arc::new(acl)) }));
         ok()
     })
 }

@@ -4,7 +4,7 @@ use std::ffi::{c_char, c_void};
 
 use hccn_runtime::{Communicator, DataType, ErrorKind, Op, Ptr, ReduceOp, UniqueId};
 
-use crate::acl::{bound, config, recent, aclrtStream, STREAMS};
+use crate::acl::{aclrtStream, bound, config, recent, STREAMS};
 use crate::table::Table;
 
 pub type HcclResult = i32;
@@ -204,7 +204,10 @@ pub unsafe extern "C" fn HcclCreateSubCommConfig(
             unsafe { sub_comm.write(COMMS.insert(c)) };
             SUCCESS
         }
-        Ok(c) => fail(E_PARA, &format!("HcclCreateSubCommConfig: subCommRankId {sub_comm_rank_id} but rank {} in rankIds", c.rank())),
+        Ok(c) => fail(
+            E_PARA,
+            &format!("HcclCreateSubCommConfig: subCommRankId {sub_comm_rank_id} but rank {} in rankIds", c.rank()),
+        ),
         Err(e) => fail(code_of(e.kind()), &format!("HcclCreateSubCommConfig: {e}")),
     }
 }
@@ -286,7 +289,12 @@ fn reducing(raw_dt: i32, raw_op: i32, name: &str) -> Result<(DataType, ReduceOp)
 }
 
 /// Common checks and the hand-off to the native runtime on the stream's host queue.
-fn launch(name: &str, comm: HcclComm, stream: aclrtStream, build: impl FnOnce(u32, u32) -> Result<Op, HcclResult>) -> HcclResult {
+fn launch(
+    name: &str,
+    comm: HcclComm,
+    stream: aclrtStream,
+    build: impl FnOnce(u32, u32) -> Result<Op, HcclResult>,
+) -> HcclResult {
     if !bound() {
         return fail(E_RUNTIME, &format!("{name}: no device bound on this thread (aclrtSetDevice)"));
     }
@@ -300,10 +308,22 @@ fn launch(name: &str, comm: HcclComm, stream: aclrtStream, build: impl FnOnce(u3
         Ok(op) => op,
         Err(code) => return code,
     };
+    first_call(name);
     // SAFETY: HCCL's contract: the buffers stay valid until the stream has run the operation.
     match unsafe { c.submit(op, Some(&s)) } {
         Ok(()) => SUCCESS,
         Err(e) => fail(code_of(e.kind()), &format!("{name}: {e}")),
+    }
+}
+
+/// Logs the first accepted call of each operation (HCCN_LOG=info), so that tests can see which
+/// HCCL operations the backend used.
+fn first_call(name: &str) {
+    static SEEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    if !seen.iter().any(|s| s == name) {
+        seen.push(name.to_owned());
+        tracing::info!("hccl-emu: first {name}");
     }
 }
 
@@ -473,7 +493,8 @@ pub unsafe extern "C" fn HcclAllGatherV(
         let dt = dtype(data_type, name)?;
         need(send_buf, send_count, "sendBuf", name)?;
         // SAFETY: HCCL's contract: nRanks counts and displacements.
-        let (counts, displs) = unsafe { (u64s(recv_counts, n, "recvCounts", name)?, u64s(recv_displs, n, "recvDispls", name)?) };
+        let (counts, displs) =
+            unsafe { (u64s(recv_counts, n, "recvCounts", name)?, u64s(recv_displs, n, "recvDispls", name)?) };
         Ok(Op::AllGatherV { send: mp(send_buf), send_count, recv: mp(recv_buf), recv_counts: counts, displs, dt })
     })
 }
@@ -529,7 +550,10 @@ pub extern "C" fn HcclAlltoAll(
     launch(name, comm, stream, |_, _| {
         let dt = dtype(send_type, name)?;
         if send_type != recv_type || send_count != recv_count {
-            return Err(fail(E_NOT_SUPPORT, &format!("{name}: the double needs equal send and receive types and counts")));
+            return Err(fail(
+                E_NOT_SUPPORT,
+                &format!("{name}: the double needs equal send and receive types and counts"),
+            ));
         }
         need(send_buf, send_count, "sendBuf", name)?;
         need(recv_buf, recv_count, "recvBuf", name)?;
