@@ -2,7 +2,9 @@
 
 use std::cell::{Cell, RefCell};
 use std::ffi::{c_char, c_void, CString};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use hccn_runtime::{Config, Stream};
 
@@ -20,6 +22,33 @@ pub const ACL_ERROR_RT_INTERNAL_ERROR: aclError = 507000;
 
 pub(crate) static STREAMS: Table<Stream> = Table::new();
 static INIT: AtomicBool = AtomicBool::new(false);
+/// Number of aclrtDeviceTaskAbort calls so far.
+static ABORTS: AtomicU64 = AtomicU64::new(0);
+/// Streams whose task met a dead peer: (stream, ABORTS when first seen, when first seen).
+static HUNG: Mutex<Vec<(usize, u64, Instant)>> = Mutex::new(Vec::new());
+
+/// Like real HCCL, a task whose peer died does not fail: it hangs until the device's tasks are
+/// aborted (aclrtDeviceTaskAbort) or HCCL_EXEC_TIMEOUT (seconds, default 1836) passes. The
+/// native runtime under the double does notice the peer; this keeps that knowledge from the
+/// caller until one of the two happens. `true` while the stream counts as hung.
+fn hung(stream: aclrtStream, e: &hccn_runtime::Error) -> bool {
+    use hccn_runtime::ErrorKind::*;
+    if !matches!(e.kind(), RankFailed | Remote | Transfer | Connect) {
+        return false;
+    }
+    let aborts = ABORTS.load(Ordering::SeqCst);
+    let mut h = HUNG.lock().unwrap_or_else(|p| p.into_inner());
+    let key = stream as usize;
+    let (_, since_aborts, since) = match h.iter().find(|(k, _, _)| *k == key) {
+        Some(x) => *x,
+        None => {
+            h.push((key, aborts, Instant::now()));
+            (key, aborts, Instant::now())
+        }
+    };
+    let limit = std::env::var("HCCL_EXEC_TIMEOUT").ok().and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(1836);
+    aborts == since_aborts && (limit == 0 || since.elapsed() < Duration::from_secs(limit))
+}
 
 thread_local! {
     static DEVICE: Cell<Option<i32>> = const { Cell::new(None) };
@@ -115,6 +144,7 @@ pub unsafe extern "C" fn aclrtCreateStream(stream: *mut aclrtStream) -> aclError
 
 #[no_mangle]
 pub extern "C" fn aclrtDestroyStream(stream: aclrtStream) -> aclError {
+    HUNG.lock().unwrap_or_else(|p| p.into_inner()).retain(|(k, _, _)| *k != stream as usize);
     match STREAMS.remove(stream) {
         Some(s) => {
             let _ = s.synchronize();
@@ -134,11 +164,14 @@ pub extern "C" fn aclrtSynchronizeStream(stream: aclrtStream) -> aclError {
         recent("aclrtSynchronizeStream: not a live stream");
         return ACL_ERROR_INVALID_PARAM;
     };
-    match s.synchronize() {
-        Ok(()) => ACL_SUCCESS,
-        Err(e) => {
-            recent(&format!("a task on the stream failed: {e}"));
-            ACL_ERROR_RT_INTERNAL_ERROR
+    loop {
+        match s.synchronize() {
+            Ok(()) => return ACL_SUCCESS,
+            Err(e) if hung(stream, &e) => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => {
+                recent(&format!("a task on the stream failed: {e}"));
+                return ACL_ERROR_RT_INTERNAL_ERROR;
+            }
         }
     }
 }
@@ -155,6 +188,7 @@ pub unsafe extern "C" fn aclrtStreamQuery(stream: aclrtStream, status: *mut i32)
     }
     let st = match s.query() {
         Ok(false) => 1,
+        Err(e) if hung(stream, &e) => 1,
         _ => 0,
     };
     // SAFETY: non-NULL out pointer from the caller.
@@ -166,9 +200,11 @@ pub unsafe extern "C" fn aclrtStreamQuery(stream: aclrtStream, status: *mut i32)
 /// pending and later operations fail, as tasks do after a real task abort.
 #[no_mangle]
 pub extern "C" fn aclrtDeviceTaskAbort(_device_id: i32, _timeout: u32) -> aclError {
+    ABORTS.fetch_add(1, Ordering::SeqCst);
     for c in crate::hccl::COMMS.all() {
         c.abort();
     }
+    tracing::info!("hccl-emu: aclrtDeviceTaskAbort");
     ACL_SUCCESS
 }
 

@@ -65,10 +65,23 @@ fn the_collective_matrix_runs_through_hccl_on_2_3_4_ranks() {
 }
 
 #[test]
+fn operations_run_on_the_callers_own_acl_stream() {
+    let program = PathBuf::from(env!("CARGO_BIN_EXE_hccn-hccl-streams"));
+    let out = on_emu(3, &program, &[], &[]);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    for r in 0..3 {
+        assert!(out.stdout.contains(&format!("[{r}] STREAMS ok rank {r} of 3")), "{}", out.describe());
+    }
+}
+
+#[test]
 fn a_killed_rank_fails_the_survivors_through_hccl() {
     let faults = PathBuf::from(env!("CARGO_BIN_EXE_hccn-faults"));
-    let out = on_emu(3, &faults, &["kill"], &[]);
+    // The double makes a task whose peer died hang, as HCCL does until HCCL_EXEC_TIMEOUT: only
+    // hccn's own detection and the task abort end the wait.
+    let out = on_emu(3, &faults, &["kill"], &[("HCCN_LOG", "info")]);
     assert_eq!(out.code, Some(137), "{}", out.describe());
+    assert!(out.stderr.contains("hccl-emu: aclrtDeviceTaskAbort"), "no task abort: {}", out.describe());
     for r in 0..2 {
         let line = out
             .stdout
