@@ -28,6 +28,9 @@ impl std::fmt::Debug for AclStream {
 
 /// How long an ACL error waits for the native side to name a failed rank behind it.
 const ATTRIBUTION: Duration = Duration::from_millis(1500);
+/// How long work may stay pending after a member left on purpose before the wait gives up
+/// (HCCL would wait for it until HCCL_EXEC_TIMEOUT).
+const DEPARTED_GRACE: Duration = Duration::from_millis(1000);
 
 impl AclStream {
     /// `aclrtCreateStream`.
@@ -81,6 +84,14 @@ impl AclStream {
         None
     }
 
+    /// A communicator with work here whose member left on purpose, with those ranks.
+    fn departed(&self) -> Option<(Arc<Shared>, Vec<u32>)> {
+        self.watched().into_iter().find_map(|s| {
+            let gone = s.native.departed_ranks();
+            (!gone.is_empty()).then_some((s, gone))
+        })
+    }
+
     /// Waits until everything queued on the stream is done; the stream's error, or the member
     /// failure behind it.
     pub fn wait(&self) -> Result<()> {
@@ -88,6 +99,7 @@ impl AclStream {
         let api = &self.backend.api;
         if let Some(query) = api.aclrtStreamQuery {
             let mut pause = Duration::from_micros(20);
+            let mut left_since: Option<std::time::Instant> = None;
             loop {
                 let mut status = -1;
                 // SAFETY: public signature; valid out pointer.
@@ -97,6 +109,15 @@ impl AclStream {
                 }
                 if let Some(e) = self.failure() {
                     return Err(e);
+                }
+                if let Some((s, gone)) = self.departed() {
+                    if left_since.get_or_insert_with(std::time::Instant::now).elapsed() >= DEPARTED_GRACE {
+                        s.teardown();
+                        return Err(Error::new(
+                            ErrorKind::Remote,
+                            format!("rank(s) {gone:?} left the communicator while an operation still needed them"),
+                        ));
+                    }
                 }
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_millis(2));

@@ -94,6 +94,20 @@ fn a_killed_rank_fails_the_survivors_through_hccl() {
 }
 
 #[test]
+fn a_frozen_rank_is_caught_by_hccns_heartbeats_not_hccls_timeout() {
+    // A SIGSTOPped rank: HCCL would wait HCCL_EXEC_TIMEOUT (1836 s); the native side channel's
+    // heartbeats name it, the task abort frees the survivors, and they shrink.
+    let faults = PathBuf::from(env!("CARGO_BIN_EXE_hccn-faults"));
+    let out = on_emu(3, &faults, &["freeze"], &[]);
+    assert_eq!(out.code, Some(137), "the frozen rank is killed at the end: {}", out.describe());
+    for r in 0..2 {
+        let err = out.stdout.lines().find(|l| l.starts_with(&format!("[{r}] ERROR_AT"))).unwrap_or_default();
+        assert!(err.contains("code=100 failed=[2]"), "rank {r}: {err:?}: {}", out.describe());
+        assert!(out.stdout.contains(&format!("[{r}] SHRUNK size=2 epoch=1 result=Ok(())")), "{}", out.describe());
+    }
+}
+
+#[test]
 fn survivors_shrink_to_a_new_hccl_communicator() {
     let faults = PathBuf::from(env!("CARGO_BIN_EXE_hccn-faults"));
     // Rank 0 made the world's root info and hosts nothing else: the survivors need a fresh one.
@@ -112,6 +126,22 @@ fn survivors_shrink_to_a_new_hccl_communicator() {
             assert!(line.ends_with("result=Ok(())"), "rank {r}: {line}");
         }
     }
+}
+
+#[test]
+fn a_replacement_joins_a_rebuilt_hccl_communicator() {
+    // hccn_comm_rebuild: the survivors and the replacement build the new HCCL communicator from
+    // a root info sent over the rebuilt native side.
+    let lib = emu();
+    let mut cmd = std::process::Command::new(launch::bin("hccnrun"));
+    cmd.args(["--elastic", "--max-restarts", "1", "-n", "4", "--"])
+        .arg(env!("CARGO_BIN_EXE_hccn-faults"))
+        .arg("grow")
+        .env("HCCN_BACKEND", "hccl")
+        .env("HCCN_HCCL_LIB", &lib)
+        .env("HCCN_ACL_LIB", &lib);
+    let out = launch::run(cmd, Duration::from_secs(120));
+    launch::expect_grown(&out);
 }
 
 #[test]
