@@ -78,6 +78,7 @@ impl HcclCommConfig {
 /// `aclrtMemcpyKind`.
 pub const ACL_MEMCPY_HOST_TO_DEVICE: i32 = 1;
 pub const ACL_MEMCPY_DEVICE_TO_HOST: i32 = 2;
+pub const ACL_MEMCPY_DEVICE_TO_DEVICE: i32 = 3;
 /// `aclrtStreamStatus` (`hicann/runtime:docs/api_docs/aclrtStreamStatus.md`).
 pub const ACL_STREAM_STATUS_COMPLETE: i32 = 0;
 /// `aclInit` on an initialised process: `ACL_ERROR_REPEAT_INITIALIZE`.
@@ -164,6 +165,9 @@ macro_rules! cty {
     (aclrtMemcpyKind) => {
         "aclrtMemcpyKind"
     };
+    (aclrtMemMallocPolicy) => {
+        "aclrtMemMallocPolicy"
+    };
     (aclrtStreamStatus_p) => {
         "aclrtStreamStatus *"
     };
@@ -194,6 +198,7 @@ macro_rules! rty {
     (aclrtStream) => { AclStream };
     (aclrtStream_p) => { *mut AclStream };
     (aclrtMemcpyKind) => { i32 };
+    (aclrtMemMallocPolicy) => { i32 };
     (aclrtStreamStatus_p) => { *mut i32 };
 }
 
@@ -270,6 +275,8 @@ symbols! {
     acl required fn aclrtDestroyStream(stream: aclrtStream) -> aclError;
     acl required fn aclrtSynchronizeStream(stream: aclrtStream) -> aclError;
     acl required fn aclrtMemcpy(dst: ptr, destMax: usize, src: cptr, count: usize, kind: aclrtMemcpyKind) -> aclError;
+    acl optional fn aclrtMalloc(devPtr: ptr_p, size: usize, policy: aclrtMemMallocPolicy) -> aclError;
+    acl optional fn aclrtFree(devPtr: ptr) -> aclError;
     acl optional fn aclrtStreamQuery(stream: aclrtStream, status: aclrtStreamStatus_p) -> aclError;
     acl optional fn aclrtDeviceTaskAbort(deviceId: i32, timeout: u32) -> aclError;
     acl optional fn aclGetRecentErrMsg() -> cstr;

@@ -5,6 +5,7 @@
 //! operations HCCL lacks (staged through host memory). See docs/hccl.md.
 
 pub mod api;
+mod bucket;
 mod comm;
 mod stage;
 mod stream;
@@ -13,6 +14,7 @@ use std::cell::Cell;
 use std::sync::{Arc, Mutex};
 
 pub use api::{Api, Signature, SIGNATURES};
+pub use bucket::HcclBucket;
 pub use comm::HcclCommunicator;
 pub use stream::AclStream;
 

@@ -65,6 +65,22 @@ fn the_collective_matrix_runs_through_hccl_on_2_3_4_ranks() {
 }
 
 #[test]
+fn fusion_buckets_and_compressed_allreduce_run_through_hccl() {
+    // Buckets pack device tensors with aclrtMalloc and device-to-device copies; the compressed
+    // allreduce has no HCCL counterpart and is staged through host memory.
+    for (bin, what) in
+        [(env!("CARGO_BIN_EXE_hccn-fusion"), "fusion"), (env!("CARGO_BIN_EXE_hccn-compressed"), "compressed")]
+    {
+        let out = on_emu(3, Path::new(bin), &[], &[("HCCN_CHUNK_BYTES", "4096")]);
+        assert_eq!(out.code, Some(0), "{what}: {}", out.describe());
+        for r in 0..3 {
+            assert!(out.stdout.contains(&format!("[{r}] rank {r} of 3: ")), "{what}: {}", out.describe());
+        }
+        assert!(!out.stdout.contains("FAIL"), "{what}: {}", out.describe());
+    }
+}
+
+#[test]
 fn operations_run_on_the_callers_own_acl_stream() {
     let program = PathBuf::from(env!("CARGO_BIN_EXE_hccn-hccl-streams"));
     let out = on_emu(3, &program, &[], &[]);
