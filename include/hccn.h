@@ -365,7 +365,8 @@ hccn_result hccn_event_synchronize(struct hccn_event *event);
 hccn_result hccn_event_destroy(struct hccn_event *event);
 
 /*
- Wraps an `aclrtStream`: ACL streams exist only on the HCCL backend.
+ Wraps the caller's `aclrtStream` (HCCL backend only): operations on the returned stream are
+ issued to HCCL on it and return at once; destroying the wrapper leaves the ACL stream alone.
  */
 hccn_result hccn_stream_wrap_acl(void *acl_stream, struct hccn_stream **stream);
 

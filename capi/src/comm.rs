@@ -1,13 +1,15 @@
 //! Communicator functions of API.md: creation, queries, groups, destruction and failures.
 
-use hccn_runtime::{Communicator, Error, LaunchEnv, UniqueId};
+use hccn_runtime::{Error, LaunchEnv, UniqueId};
+
+use crate::backend::CommHandle;
 
 use crate::ffi::{self, guard, ok, out_ptr, write, Table};
 use crate::types::{hccn_comm, hccn_result, hccn_unique_id, HCCN_SUCCESS};
 
-pub(crate) static COMMS: Table<Communicator> = Table::new("communicator");
+pub(crate) static COMMS: Table<CommHandle> = Table::new("communicator");
 
-fn register(out: *mut *mut hccn_comm, comm: Communicator) {
+fn register(out: *mut *mut hccn_comm, comm: CommHandle) {
     static HOOK: std::sync::Once = std::sync::Once::new();
     // SAFETY: registers a plain extern "C" function with no arguments.
     HOOK.call_once(|| unsafe {
@@ -49,7 +51,7 @@ pub unsafe extern "C" fn hccn_comm_init_rank(
         // SAFETY: non-NULL; the caller passes a hccn_unique_id (API.md).
         let bytes = unsafe { (*id).internal };
         let uid = UniqueId::from_bytes(&bytes)?;
-        let c = Communicator::init_rank(&uid, nranks, rank, &crate::config()?)?;
+        let c = CommHandle::init_rank(&uid, nranks, rank, &crate::config()?)?;
         register(out, c);
         ok()
     })
@@ -61,7 +63,7 @@ pub unsafe extern "C" fn hccn_init_from_env(comm: *mut *mut hccn_comm) -> hccn_r
     guard(|| {
         let out = out_ptr(comm, "comm")?;
         let cfg = crate::config()?;
-        let c = Communicator::init_from_env(&LaunchEnv::from_env()?, &cfg)?;
+        let c = CommHandle::init_from_env(&LaunchEnv::from_env()?, &cfg)?;
         register(out, c);
         ok()
     })

@@ -4,6 +4,7 @@
 
 #![allow(clippy::missing_safety_doc)] // The safety contract of every function is API.md.
 
+mod backend;
 mod collectives;
 mod comm;
 mod error;

@@ -1,13 +1,37 @@
 //! Streams and events of API.md.
 
 use std::ffi::c_void;
+use std::sync::Arc;
 
-use hccn_runtime::{Error, ErrorKind, Event, Stream};
+use hccn_backend_hccl::{AclStream, Backend as Hccl};
+use hccn_runtime::{Backend, Error, ErrorKind, Event, Stream};
 
 use crate::ffi::{guard, ok, out_ptr, write, Table};
 use crate::types::{hccn_event, hccn_result, hccn_stream, HCCN_IN_PROGRESS, HCCN_SUCCESS};
 
-pub(crate) static STREAMS: Table<Stream> = Table::new("stream");
+/// An hccn stream: a host queue, and on the HCCL backend the ACL stream that HCCL operations
+/// go to (the host queue then orders only events and the operations staged through host
+/// memory).
+pub(crate) struct CStream {
+    pub host: Stream,
+    pub acl: Option<Arc<AclStream>>,
+}
+
+impl CStream {
+    fn synchronize(&self) -> hccn_runtime::Result<()> {
+        self.host.synchronize()?;
+        self.acl.as_ref().map_or(Ok(()), |a| a.wait())
+    }
+
+    fn query(&self) -> hccn_runtime::Result<bool> {
+        if !self.host.query()? {
+            return Ok(false);
+        }
+        self.acl.as_ref().map_or(Ok(true), |a| a.query())
+    }
+}
+
+pub(crate) static STREAMS: Table<CStream> = Table::new("stream");
 static EVENTS: Table<Event> = Table::new("event");
 
 fn progress(done: hccn_runtime::Result<bool>) -> hccn_runtime::Result<hccn_result> {
@@ -18,7 +42,12 @@ fn progress(done: hccn_runtime::Result<bool>) -> hccn_runtime::Result<hccn_resul
 pub unsafe extern "C" fn hccn_stream_create(stream: *mut *mut hccn_stream) -> hccn_result {
     guard(|| {
         let out = out_ptr(stream, "stream")?;
-        write(out, STREAMS.insert(Stream::new()?));
+        let cfg = crate::config()?;
+        let acl = match cfg.backend {
+            Backend::Native => None,
+            Backend::Hccl => Some(Arc::new(AclStream::create(Hccl::get(&cfg)?)?)),
+        };
+        write(out, STREAMS.insert(CStream { host: Stream::new()?, acl }));
         ok()
     })
 }
@@ -66,7 +95,13 @@ pub unsafe extern "C" fn hccn_event_record(event: *mut hccn_event, stream: *mut 
     guard(|| {
         let ev = EVENTS.get(event, "event")?;
         let s = if stream.is_null() { None } else { Some(STREAMS.get(stream, "stream")?) };
-        ev.record(s.as_deref());
+        // On an ACL stream the host queue first waits for the device work queued so far.
+        if let Some(st) = s.as_ref() {
+            if let Some(acl) = st.acl.clone() {
+                st.host.enqueue(Box::new(move || acl.wait()))?;
+            }
+        }
+        ev.record(s.as_deref().map(|s| &s.host));
         ok()
     })
 }
@@ -92,17 +127,24 @@ pub unsafe extern "C" fn hccn_event_destroy(event: *mut hccn_event) -> hccn_resu
     })
 }
 
-/// Wraps an `aclrtStream`: ACL streams exist only on the HCCL backend.
+/// Wraps the caller's `aclrtStream` (HCCL backend only): operations on the returned stream are
+/// issued to HCCL on it and return at once; destroying the wrapper leaves the ACL stream alone.
 #[no_mangle]
 pub unsafe extern "C" fn hccn_stream_wrap_acl(acl_stream: *mut c_void, stream: *mut *mut hccn_stream) -> hccn_result {
     guard(|| {
-        out_ptr(stream, "stream")?;
+        let out = out_ptr(stream, "stream")?;
         if acl_stream.is_null() {
             return Err(Error::null("acl_stream is NULL"));
         }
-        Err(Error::new(
-            ErrorKind::NotSupported,
-            "hccn_stream_wrap_acl needs the HCCL backend; this process runs the native backend, whose streams come from hccn_stream_create",
-        ))
+        let cfg = crate::config()?;
+        if cfg.backend != Backend::Hccl {
+            return Err(Error::new(
+                ErrorKind::NotSupported,
+                "hccn_stream_wrap_acl needs the HCCL backend (HCCN_BACKEND=hccl); this process runs the native backend, whose streams come from hccn_stream_create",
+            ));
+        }
+        let acl = AclStream::wrap(Hccl::get(&cfg)?, acl_stream)?;
+        write(out, STREAMS.insert(CStream { host: Stream::new()?, acl: Some(Arc::new(acl)) }));
+        ok()
     })
 }

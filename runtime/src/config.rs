@@ -31,6 +31,10 @@ pub const VARIABLES: &[Variable] = &[
     Variable { name: "HCCN_LEASE_TTL_S", default: "`2`", meaning: "With an etcd store, each world communicator's membership key lives on a lease of this many seconds, kept alive in the background: a backstop that declares a rank failed when its process dies or freezes, even with heartbeats off (1 .. 3600; etcd may round it up)." },
     Variable { name: "HCCN_TRACE", default: "(off)", meaning: "Directory where each rank writes a Chrome trace-event file `hccn-trace-<job>-<rank>.json` (one event per operation and per transfer); see docs/observability.md." },
     Variable { name: "HCCN_LOG", default: "`warn`", meaning: "Log filter (`error`, `warn`, `info`, `debug`, `trace`, or tracing's `target=level` list); logs go to stderr." },
+    Variable { name: "HCCN_BACKEND", default: "`native`", meaning: "Data path of new communicators: `native` (hccn's TCP runtime) or `hccl` (Huawei HCCL on Ascend NPUs, loaded at run time; see docs/hccl.md)." },
+    Variable { name: "HCCN_HCCL_LIB", default: "(search)", meaning: "Path of `libhccl.so` for `HCCN_BACKEND=hccl`; else `$ASCEND_HOME_PATH/lib64`, `$ASCEND_TOOLKIT_HOME/lib64`, then the loader's search path." },
+    Variable { name: "HCCN_ACL_LIB", default: "(search)", meaning: "Path of `libascendcl.so` for `HCCN_BACKEND=hccl`; searched like `HCCN_HCCL_LIB`." },
+    Variable { name: "HCCN_DEVICE_ID", default: "`HCCN_LOCAL_RANK`", meaning: "NPU that this process binds with `aclrtSetDevice` (`HCCN_BACKEND=hccl`); else the local rank, else 0." },
 ];
 
 /// Largest frame payload a peer may send; any larger header closes the connection.
@@ -56,6 +60,23 @@ pub struct Config {
     pub job_token: Option<String>,
     /// `HCCN_TRACE`: directory for this process's trace file; `None` records nothing.
     pub trace: Option<std::path::PathBuf>,
+    /// `HCCN_BACKEND`: the data path of new communicators.
+    pub backend: Backend,
+    /// `HCCN_HCCL_LIB` / `HCCN_ACL_LIB`: explicit library paths for the HCCL backend.
+    pub hccl_lib: Option<std::path::PathBuf>,
+    pub acl_lib: Option<std::path::PathBuf>,
+    /// `HCCN_DEVICE_ID`, else `HCCN_LOCAL_RANK`: the NPU of this process on the HCCL backend.
+    pub device_id: Option<i32>,
+}
+
+/// Which library moves the data of new communicators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Backend {
+    /// hccn's own TCP runtime.
+    #[default]
+    Native,
+    /// Huawei HCCL over ACL streams, loaded at run time (the `hccn-backend-hccl` crate).
+    Hccl,
 }
 
 /// What `hccn_init_from_env` needs in addition to [`Config`].
@@ -83,6 +104,10 @@ impl Default for Config {
             job_id: None,
             job_token: None,
             trace: None,
+            backend: Backend::Native,
+            hccl_lib: None,
+            acl_lib: None,
+            device_id: None,
         }
     }
 }
@@ -145,6 +170,21 @@ impl Config {
         c.job_id = get("HCCN_JOB_ID").filter(|v| !v.is_empty());
         c.job_token = get("HCCN_JOB_TOKEN").filter(|v| !v.is_empty());
         c.trace = get("HCCN_TRACE").filter(|v| !v.is_empty()).map(std::path::PathBuf::from);
+        c.backend = match get("HCCN_BACKEND").as_deref().map(str::trim) {
+            None | Some("") | Some("native") => Backend::Native,
+            Some("hccl") => Backend::Hccl,
+            Some(other) => {
+                return Err(Error::invalid(format!("HCCN_BACKEND={other:?} is not `native` or `hccl`")));
+            }
+        };
+        let path = |name: &str| get(name).filter(|v| !v.is_empty()).map(std::path::PathBuf::from);
+        c.hccl_lib = path("HCCN_HCCL_LIB");
+        c.acl_lib = path("HCCN_ACL_LIB");
+        c.device_id = match (get("HCCN_DEVICE_ID"), get("HCCN_LOCAL_RANK")) {
+            (Some(v), _) => Some(parse("HCCN_DEVICE_ID", &v, "a device number")?),
+            (None, Some(v)) => Some(parse("HCCN_LOCAL_RANK", &v, "a rank")?),
+            (None, None) => None,
+        };
         Ok(c)
     }
 }
@@ -202,6 +242,8 @@ mod tests {
         let e = Config::from_lookup(lookup(&[("HCCN_TIMEOUT_MS", "soon")])).err().map(|e| e.to_string());
         assert!(e.is_some_and(|m| m.contains("HCCN_TIMEOUT_MS")));
         assert!(Config::from_lookup(lookup(&[("HCCN_CHUNK_BYTES", "1")])).is_err());
+        let e = Config::from_lookup(lookup(&[("HCCN_BACKEND", "nccl")])).err().map(|e| e.to_string());
+        assert!(e.is_some_and(|m| m.contains("HCCN_BACKEND")));
         let e = LaunchEnv::from_lookup(lookup(&[("HCCN_RANK", "3"), ("HCCN_WORLD_SIZE", "2")]));
         assert!(e.is_err());
     }

@@ -18,7 +18,7 @@ pub mod wire;
 
 pub use collectives::{Op, Ptr};
 pub use comm::{new_unique_id, Communicator};
-pub use config::{Config, LaunchEnv};
+pub use config::{Backend, Config, LaunchEnv};
 pub use error::{Error, ErrorKind, Result};
 pub use fusion::Bucket;
 pub use rendezvous::{StoreAddr, StoreServer, UniqueId};

@@ -8,7 +8,7 @@ use std::thread::JoinHandle;
 
 use crate::error::{Error, ErrorKind, Result};
 
-pub(crate) type Job = Box<dyn FnOnce() -> Result<()> + Send>;
+pub type Job = Box<dyn FnOnce() -> Result<()> + Send>;
 
 #[derive(Default)]
 struct Progress {
@@ -82,7 +82,7 @@ impl Stream {
     }
 
     /// Queues `job`; fails at once with the stream's sticky error, if any.
-    pub(crate) fn enqueue(&self, job: Job) -> Result<()> {
+    pub fn enqueue(&self, job: Job) -> Result<()> {
         let mut p = self.shared.lock();
         if let Some(e) = &p.error {
             return Err(e.clone());

@@ -68,9 +68,17 @@ struct RunResult {
 }
 
 /// Runs `hccnrun -n ranks program` in its own process group, with a hard timeout.
-fn run_under_hccnrun(hccnrun: &Path, ranks: u32, program: &Path, dir: &Path, release: &Path) -> RunResult {
+fn run_under_hccnrun(
+    hccnrun: &Path,
+    ranks: u32,
+    program: &Path,
+    dir: &Path,
+    release: &Path,
+    env: &[(&str, String)],
+) -> RunResult {
     let start = Instant::now();
     let mut child = Command::new(hccnrun)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .arg("-n")
         .arg(ranks.to_string())
         .arg(program)
@@ -136,6 +144,20 @@ fn run_under_hccnrun(hccnrun: &Path, ranks: u32, program: &Path, dir: &Path, rel
 
 #[test]
 fn c_contract_program() {
+    contract(&[]);
+}
+
+/// The same program on the HCCL backend, with the emulation library standing in for HCCL and
+/// ACL (docs/hccl.md): every call of the contract goes through the backend.
+#[test]
+fn c_contract_program_on_the_hccl_emulation() {
+    let emu = target_release(&workspace_root()).join("libhccl_emu.so");
+    assert!(emu.exists(), "{} is missing: run `cargo build --release` first", emu.display());
+    let emu = emu.display().to_string();
+    contract(&[("HCCN_BACKEND", "hccl".into()), ("HCCN_HCCL_LIB", emu.clone()), ("HCCN_ACL_LIB", emu)]);
+}
+
+fn contract(env: &[(&str, String)]) {
     let root = workspace_root();
     let release = target_release(&root);
     let lib = release.join("libhccn.so");
@@ -178,7 +200,7 @@ fn c_contract_program() {
 
     let mut failures = Vec::new();
     for ranks in [3u32, 4] {
-        let run = run_under_hccnrun(&hccnrun, ranks, &program, &dir, &release);
+        let run = run_under_hccnrun(&hccnrun, ranks, &program, &dir, &release, env);
         let verdict = match run.status {
             None => Some(format!("killed after the {}s timeout", RUN_TIMEOUT.as_secs())),
             Some(s) if !s.success() => Some(format!("exited with {s}")),

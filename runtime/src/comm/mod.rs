@@ -7,6 +7,7 @@ mod group;
 mod init;
 mod join;
 mod membership;
+mod precheck;
 mod shrink;
 mod typed;
 
