@@ -30,6 +30,7 @@ pub const VARIABLES: &[Variable] = &[
     Variable { name: "HCCN_DEAD_AFTER_MS", default: "`1000`", meaning: "A peer silent this long (no frame, no heartbeat, nothing waiting in its socket) is declared failed: a frozen process or a cut link. Raise it where ranks may stall longer without being dead (dead versus slow)." },
     Variable { name: "HCCN_TRACE", default: "(off)", meaning: "Directory where each rank writes a Chrome trace-event file `hccn-trace-<job>-<rank>.json` (one event per operation and per transfer); see docs/observability.md." },
     Variable { name: "HCCN_LOG", default: "`warn`", meaning: "Log filter (`error`, `warn`, `info`, `debug`, `trace`, or tracing's `target=level` list); logs go to stderr." },
+    Variable { name: "HCCN_LIB", default: "(next to the package)", meaning: "Path of the `libhccn.so` that the Python package `hccn` loads (read by bindings/python only)." },
 ];
 
 /// Largest frame payload a peer may send; any larger header closes the connection.
