@@ -11,5 +11,6 @@ echo "== clippy"
 cargo clippy --release --workspace --all-targets -- -D warnings
 echo "== build (libhccn.so, libhccn.a, hccnrun, hccn-perf, test programs)"
 cargo build --release --workspace
+bash scripts/setup-python.sh torch  # /opt/hccn/venvs/torch for tests/tests/python*.rs (reused when present)
 echo "== tests"
 cargo test --release --workspace -- --test-threads=2

@@ -768,7 +768,7 @@ def init(rank=None, world_size=None, store=None, unique_id=None):
 def _adopt_world(group):
     """Makes ``group`` the world of the module functions (used by hccn.torch)."""
     global _world
-    if _world is None:
+    if _world is None or _world._h is None:
         _world = group
     return _world
 

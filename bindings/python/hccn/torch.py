@@ -152,6 +152,13 @@ class ProcessGroupHCCN(dist.ProcessGroup):
     def getBackendName(self):  # noqa: N802 - torch's name
         return BACKEND
 
+    # torch.distributed asks a group for its per-device backend (batch_isend_irecv, for one);
+    # a Python process group has none registered, and is its own backend for the CPU.
+    supports_coalescing = False
+
+    def _get_backend(self, device=None):
+        return self
+
     def getRank(self):  # noqa: N802
         return self._rank
 
@@ -315,8 +322,15 @@ class ProcessGroupHCCN(dist.ProcessGroup):
         return _Work(self._g.recv(c, src, async_op=True), tensors, back)
 
     def abort(self):
+        global _world_pg
         g, self._g = self._g, None
-        if g is not None:
+        if g is None:
+            return
+        if g is _world_pg:
+            _world_pg = None
+        if g is _h._world:
+            _h.finalize()  # a later init_process_group starts afresh
+        else:
             g.destroy()
 
     def shutdown(self):
@@ -345,7 +359,7 @@ def _create(opts, backend_options=None):
     ranks = list(opts.global_ranks_in_group)
     if not ranks:  # the default group
         g = _h._world
-        if g is None or g.rank != rank or g.size != size:
+        if g is None or g._h is None or g.rank != rank or g.size != size:
             g = _h._init_rank(rank, size, _unique_id_via(opts.store, rank))
             _h._adopt_world(g)
         _world_pg = g
