@@ -16,17 +16,16 @@ TORCH_PIN="torch==2.15.0"
 NUMPY_PIN="numpy==2.4.6"
 SETUPTOOLS_PIN="setuptools==84.2.1"  # builds the hccn package (--no-build-isolation)
 
+# Sets PY to a python3 that can make virtualenvs, installing Debian's when there is none.
 python_for_venvs() {
-  local py
-  py=$(command -v python3 || true)
-  if [ -z "$py" ] || ! "$py" -c 'import venv, ensurepip' >/dev/null 2>&1; then
+  PY=$(command -v python3 || true)
+  if [ -z "$PY" ] || ! "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1; then
     echo "setup-python: installing python3 and python3-venv"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends python3 python3-venv python3-pip
-    py=$(command -v python3)
+    PY=$(command -v python3)
   fi
-  echo "$py"
 }
 
 # has VENV PIN...: true when every `name==version` pin is installed in VENV.
@@ -57,11 +56,10 @@ install_hccn() {
 setup_torch() {
   local venv=$VENVS/torch
   if ! has "$venv" "$TORCH_PIN" "$NUMPY_PIN"; then
-    local py
-    py=$(python_for_venvs)
+    python_for_venvs
     echo "setup-python: creating $venv ($TORCH_PIN, $NUMPY_PIN; about 5.4 GB, a few minutes)"
     mkdir -p "$VENVS"
-    [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+    [ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
     "$venv/bin/pip" install -q --disable-pip-version-check "$TORCH_PIN" "$NUMPY_PIN" "$SETUPTOOLS_PIN"
   fi
   install_hccn "$venv"
