@@ -13,5 +13,6 @@ echo "== build (libhccn.so, libhccn.a, hccnrun, hccn-perf, test programs)"
 cargo build --release --workspace
 # Pinned TensorFlow and MindSpore venvs for tests/tests/frameworks_*.rs (reused when present).
 bash scripts/setup-frameworks.sh all
+bash scripts/setup-python.sh torch  # /opt/hccn/venvs/torch for tests/tests/python*.rs (reused when present)
 echo "== tests"
 cargo test --release --workspace -- --test-threads=2

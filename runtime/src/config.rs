@@ -35,6 +35,7 @@ pub const VARIABLES: &[Variable] = &[
     Variable { name: "HCCN_HCCL_LIB", default: "(search)", meaning: "Path of `libhccl.so` for `HCCN_BACKEND=hccl`; else `$ASCEND_HOME_PATH/lib64`, `$ASCEND_TOOLKIT_HOME/lib64`, then the loader's search path." },
     Variable { name: "HCCN_ACL_LIB", default: "(search)", meaning: "Path of `libascendcl.so` for `HCCN_BACKEND=hccl`; searched like `HCCN_HCCL_LIB`." },
     Variable { name: "HCCN_DEVICE_ID", default: "`HCCN_LOCAL_RANK`", meaning: "NPU that this process binds with `aclrtSetDevice` (`HCCN_BACKEND=hccl`); else the local rank, else 0." },
+    Variable { name: "HCCN_LIB", default: "(next to the package)", meaning: "Path of the `libhccn.so` that the Python package `hccn` loads (read by bindings/python only)." },
 ];
 
 /// Largest frame payload a peer may send; any larger header closes the connection.
