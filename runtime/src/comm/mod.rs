@@ -6,6 +6,7 @@ pub mod agree_sim;
 mod group;
 mod init;
 mod join;
+mod plan;
 mod shrink;
 mod typed;
 
