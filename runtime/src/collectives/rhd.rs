@@ -13,8 +13,9 @@
 //!   and reduce the whole buffer (fewest messages, most bytes).
 //!
 //! Post-step: each odd rank of the first 2r sends the result to the even rank that sat out.
-//! Every exchange is pipelined in chunks. The same bits end on every rank: reductions are
-//! commutative per element, and each reduced segment is computed once and then copied.
+//! Every exchange is pipelined in chunks. The same bits end on every rank: with halving each
+//! reduced segment is computed once and then copied; with doubling both partners combine in the
+//! same order (the lower virtual rank's operand first).
 
 use std::ops::Range;
 
@@ -43,8 +44,19 @@ fn segments(bytes: usize, esize: usize, n: usize) -> Vec<Range<usize>> {
     (0..n).map(|i| (i * count / n) * esize..((i + 1) * count / n) * esize).collect()
 }
 
-/// Sends `buf[out]` to `peer` and receives its data for `in_` (reduced in with `op`, or stored),
-/// chunk by chunk so that both directions flow at once.
+/// How received data lands in the buffer.
+#[derive(Clone, Copy)]
+enum Land {
+    Store,
+    /// `mine op theirs`.
+    Reduce(DataType, ReduceOp),
+    /// `theirs op mine`: the higher partner of a doubling step, so that both compute the same
+    /// operand order and end with the same bits (the sign of a zero from MAX, a NaN's payload).
+    ReduceTheirsFirst(DataType, ReduceOp),
+}
+
+/// Sends `buf[out]` to `peer` and receives its data for `in_`, chunk by chunk so that both
+/// directions flow at once.
 fn exchange(
     ctx: &Ctx<'_>,
     peer: u32,
@@ -52,7 +64,7 @@ fn exchange(
     buf: &mut [u8],
     out: Range<usize>,
     in_: Range<usize>,
-    reduce_with: Option<(DataType, ReduceOp)>,
+    into: Land,
 ) -> Result<()> {
     let (k_out, k_in) = (ctx.nchunks(out.len()), ctx.nchunks(in_.len()));
     for c in 0..k_out.max(k_in) {
@@ -63,10 +75,14 @@ fn exchange(
         if c < k_in {
             let r = ctx.chunk_range(in_.len(), c);
             let dst = &mut buf[in_.start + r.start..in_.start + r.end];
-            let data = ctx.recv(peer, tag, dst.len())?;
-            match reduce_with {
-                Some((dt, op)) => reduce::reduce_into(dst, &data, dt, op),
-                None => dst.copy_from_slice(&data),
+            let mut data = ctx.recv(peer, tag, dst.len())?;
+            match into {
+                Land::Reduce(dt, op) => reduce::reduce_into(dst, &data, dt, op),
+                Land::ReduceTheirsFirst(dt, op) => {
+                    reduce::reduce_into(&mut data, dst, dt, op);
+                    dst.copy_from_slice(&data);
+                }
+                Land::Store => dst.copy_from_slice(&data),
             }
         }
     }
@@ -93,7 +109,7 @@ impl Algorithm for Rhd {
         let p2 = 1u32 << (31 - n.leading_zeros());
         let r = n - p2;
         let all = 0..w.acc.len();
-        let red = Some((w.dt, w.op));
+        let red = Land::Reduce(w.dt, w.op);
         // Pre-step: fold the first 2r ranks pairwise.
         let vrank = if me < 2 * r {
             if me % 2 == 0 {
@@ -114,7 +130,8 @@ impl Algorithm for Rhd {
                 let mut tag = TAG_STEPS;
                 let mut mask = 1;
                 while mask < p2 {
-                    exchange(ctx, real(v ^ mask), tag, w.acc, all.clone(), all.clone(), red)?;
+                    let into = if v & mask == 0 { red } else { Land::ReduceTheirsFirst(w.dt, w.op) };
+                    exchange(ctx, real(v ^ mask), tag, w.acc, all.clone(), all.clone(), into)?;
                     mask <<= 1;
                     tag += 1;
                 }
@@ -136,7 +153,7 @@ impl Algorithm for Rhd {
 fn halving_doubling(ctx: &Ctx<'_>, w: &mut ReduceArgs<'_>, v: u32, p2: u32, real: &dyn Fn(u32) -> u32) -> Result<()> {
     let segs = segments(w.acc.len(), w.dt.size(), p2 as usize);
     let bytes = |lo: usize, hi: usize| segs[lo].start..segs[hi - 1].end;
-    let red = Some((w.dt, w.op));
+    let red = Land::Reduce(w.dt, w.op);
     // Windows of segment indices, [lo, hi), halved from the top bit down.
     let (mut lo, mut hi) = (0usize, p2 as usize);
     let mut tag = TAG_STEPS;
@@ -153,7 +170,7 @@ fn halving_doubling(ctx: &Ctx<'_>, w: &mut ReduceArgs<'_>, v: u32, p2: u32, real
     }
     // Doubling: retrace the steps, sending the window held and receiving the partner's.
     for (mask, keep, give) in steps.into_iter().rev() {
-        exchange(ctx, real(v ^ mask), tag, w.acc, bytes(keep.0, keep.1), bytes(give.0, give.1), None)?;
+        exchange(ctx, real(v ^ mask), tag, w.acc, bytes(keep.0, keep.1), bytes(give.0, give.1), Land::Store)?;
         tag += 1;
     }
     Ok(())
