@@ -272,8 +272,11 @@ fn plan(work: &Work, m: &Model, forced: AlgoChoice) -> Result<Plan> {
             Ok(Plan { algo, chunk: chunk_for(m, step) })
         }
         Work::ReduceScatter { block_bytes, .. } => Ok(Plan { algo: &Ring, chunk: chunk_for(m, *block_bytes as f64) }),
-        Work::Gather { root: None, send_bytes, .. } => {
-            Ok(Plan { algo: &Ring, chunk: chunk_for(m, *send_bytes as f64) })
+        Work::Gather { root: None, blocks, .. } => {
+            // From the largest block, which every rank knows: in an allgatherv the ranks' own
+            // blocks differ, and sender and receiver must cut a block into the same chunks.
+            let step = blocks.iter().map(|b| b.len()).max().unwrap_or(0);
+            Ok(Plan { algo: &Ring, chunk: chunk_for(m, step as f64) })
         }
         Work::ReduceCompressed { .. } => Ok(fixed(&CompressedRing)),
         Work::Reduce { root: Some(_), .. } | Work::Broadcast { .. } => Ok(fixed(&BinomialTree)),
@@ -412,6 +415,24 @@ mod tests {
         // Collectives without a choice keep their algorithm whatever is forced.
         let b = plan_name("broadcast", 1024, &m, AlgoChoice::Ring).ok().flatten().map(|p| p.0);
         assert_eq!(b, Some("tree"));
+    }
+
+    #[test]
+    fn every_rank_of_an_allgatherv_cuts_the_same_chunks() {
+        let m = tcp(3);
+        let blocks = vec![0..(40 << 20), (40 << 20)..(41 << 20), (41 << 20)..(41 << 20) + 8];
+        let chunk = |own: usize| {
+            let w = Work::Gather {
+                send: Ptr::null(),
+                send_bytes: own,
+                recv: Ptr::null(),
+                blocks: blocks.clone(),
+                root: None,
+            };
+            plan(&w, &m, AlgoChoice::Auto).map(|p| p.chunk).ok()
+        };
+        assert_eq!(chunk(40 << 20), chunk(8));
+        assert_eq!(chunk(1 << 20), chunk(8));
     }
 
     #[test]
