@@ -58,6 +58,8 @@ pub struct Config {
     pub timeout: Duration,
     pub bind_addr: IpAddr,
     pub chunk_bytes: usize,
+    /// `HCCN_ALGO`: the algorithm forced on collectives that have a choice, or the cost model.
+    pub algo: AlgoChoice,
     /// Heartbeat interval; zero disables heartbeats and silence detection.
     pub heartbeat: Duration,
     /// Silence after which a peer is declared failed.
@@ -69,8 +71,6 @@ pub struct Config {
     pub job_token: Option<String>,
     /// `HCCN_TRACE`: directory for this process's trace file; `None` records nothing.
     pub trace: Option<std::path::PathBuf>,
-    /// `HCCN_ALGO`: the algorithm forced on collectives that have a choice, or the cost model.
-    pub algo: AlgoChoice,
 }
 
 /// What `hccn_init_from_env` needs in addition to [`Config`].
@@ -91,13 +91,13 @@ impl Default for Config {
             timeout: Duration::from_millis(30_000),
             bind_addr: IpAddr::from([127, 0, 0, 1]),
             chunk_bytes: 512 << 10,
+            algo: AlgoChoice::Auto,
             heartbeat: Duration::from_millis(100),
             dead_after: Duration::from_millis(1000),
             log: "warn".to_owned(),
             job_id: None,
             job_token: None,
             trace: None,
-            algo: AlgoChoice::Auto,
         }
     }
 }
@@ -211,14 +211,18 @@ mod tests {
     }
 
     #[test]
-    fn bad_values_are_named() {
-        let e = Config::from_lookup(lookup(&[("HCCN_TIMEOUT_MS", "soon")])).err().map(|e| e.to_string());
-        assert!(e.is_some_and(|m| m.contains("HCCN_TIMEOUT_MS")));
-        assert!(Config::from_lookup(lookup(&[("HCCN_CHUNK_BYTES", "1")])).is_err());
+    fn algo_choice() {
         let e = Config::from_lookup(lookup(&[("HCCN_ALGO", "bubble")])).err().map(|e| e.to_string());
         assert!(e.is_some_and(|m| m.contains("HCCN_ALGO") && m.contains("rhd")), "names the choices");
         let c = Config::from_lookup(lookup(&[("HCCN_ALGO", "RHD")])).map(|c| c.algo).ok();
         assert_eq!(c, Some(AlgoChoice::Rhd));
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let e = Config::from_lookup(lookup(&[("HCCN_TIMEOUT_MS", "soon")])).err().map(|e| e.to_string());
+        assert!(e.is_some_and(|m| m.contains("HCCN_TIMEOUT_MS")));
+        assert!(Config::from_lookup(lookup(&[("HCCN_CHUNK_BYTES", "1")])).is_err());
         let e = LaunchEnv::from_lookup(lookup(&[("HCCN_RANK", "3"), ("HCCN_WORLD_SIZE", "2")]));
         assert!(e.is_err());
     }

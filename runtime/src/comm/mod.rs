@@ -6,9 +6,10 @@ pub mod agree_sim;
 mod group;
 mod init;
 mod join;
-mod plan;
 mod shrink;
 mod typed;
+// What the algorithm selection would do, for tools.
+mod plan;
 
 use std::collections::{BTreeMap, HashMap};
 
