@@ -124,6 +124,12 @@ impl Model {
     }
 
     /// The model of the communicator `ctx` runs on, from the transport to each peer.
+    ///
+    /// Every rank must build the same model (sender and receiver cut the same chunks and run the
+    /// same algorithm). With one transport for all pairs this rank's view is everyone's; once
+    /// kinds differ per pair (shared memory inside a host, TCP between hosts), build `intra`,
+    /// `inter` and `hosts` from the communicator's host layout, which all ranks share, not from
+    /// this rank's own links (a host with a single rank would otherwise see no `intra`).
     fn of(ctx: &Ctx<'_>) -> Model {
         let mut m = Model::uniform(ctx.size(), TransportKind::Local, ctx.max_chunk());
         m.inter = None;
