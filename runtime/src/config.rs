@@ -4,6 +4,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
+use crate::collectives::select::AlgoChoice;
 use crate::error::{Error, Result};
 use crate::rendezvous::StoreAddr;
 
@@ -25,7 +26,8 @@ pub const VARIABLES: &[Variable] = &[
     Variable { name: "HCCN_JOB_TOKEN", default: "(empty)", meaning: "Shared secret for the HMAC-SHA256 challenge-response on every store and peer connection; hccnrun makes a fresh one per job." },
     Variable { name: "HCCN_TIMEOUT_MS", default: "`30000`", meaning: "Deadline of every wait (connect, rendezvous, each receive); exceeded waits fail with `HCCN_ERROR_TIMEOUT`. Like `HCCL_EXEC_TIMEOUT`, in ms." },
     Variable { name: "HCCN_BIND_ADDR", default: "`127.0.0.1`", meaning: "Address that ranks and the embedded store listen on (never all interfaces unless asked)." },
-    Variable { name: "HCCN_CHUNK_BYTES", default: "`524288`", meaning: "Pipeline chunk size of the ring and tree algorithms (4 KiB .. 8 MiB)." },
+    Variable { name: "HCCN_CHUNK_BYTES", default: "`524288`", meaning: "Largest pipeline chunk of the algorithms (4 KiB .. 8 MiB); the cost model may choose smaller chunks per operation." },
+    Variable { name: "HCCN_ALGO", default: "`auto`", meaning: "Algorithm of the collectives that have a choice (allreduce above all): `auto` (the cost model decides per operation), `ring`, `rhd` (recursive halving-doubling), `tree`, `hier`; see docs/algorithms.md. An algorithm that cannot run an allreduce on the communicator is an error." },
     Variable { name: "HCCN_HEARTBEAT_MS", default: "`100`", meaning: "Interval of the heartbeat each rank sends on every connection; `0` turns heartbeats (and silence detection) off." },
     Variable { name: "HCCN_DEAD_AFTER_MS", default: "`800`", meaning: "A peer silent this long (no frame, no heartbeat, nothing waiting in its socket) is declared failed: a frozen process or a cut link. Raise it where ranks may stall longer without being dead (dead versus slow)." },
     Variable { name: "HCCN_LEASE_TTL_S", default: "`2`", meaning: "With an etcd store, each world communicator's membership key lives on a lease of this many seconds, kept alive in the background: a backstop that declares a rank failed when its process dies or freezes, even with heartbeats off (1 .. 3600; etcd may round it up)." },
@@ -38,6 +40,20 @@ pub const VARIABLES: &[Variable] = &[
     Variable { name: "HCCN_LIB", default: "(next to the package)", meaning: "Path of the `libhccn.so` that the Python package `hccn` loads (read by bindings/python only)." },
 ];
 
+/// Default link and kernel costs of the algorithm selection's model (`collectives::select`),
+/// measured on the 2-core development machine: per-message latency in µs and bandwidth in GB/s.
+/// TCP over loopback pays a blocked receiver's wake-up (~50 µs) per message.
+pub const TCP_ALPHA_US: f64 = 50.0;
+pub const TCP_GBPS: f64 = 2.5;
+/// Shared memory between ranks of one host (spinning flags, one copy).
+pub const SHM_ALPHA_US: f64 = 1.0;
+pub const SHM_GBPS: f64 = 8.0;
+/// A rank's frames to itself.
+pub const LOCAL_ALPHA_US: f64 = 0.5;
+pub const LOCAL_GBPS: f64 = 10.0;
+/// The reduction kernels (f32 sum, out of cache).
+pub const REDUCE_GBPS: f64 = 8.0;
+
 /// Largest frame payload a peer may send; any larger header closes the connection.
 pub const MAX_CHUNK_BYTES: usize = 8 << 20;
 const MIN_CHUNK_BYTES: usize = 4 << 10;
@@ -48,6 +64,8 @@ pub struct Config {
     pub timeout: Duration,
     pub bind_addr: IpAddr,
     pub chunk_bytes: usize,
+    /// `HCCN_ALGO`: the algorithm forced on collectives that have a choice, or the cost model.
+    pub algo: AlgoChoice,
     /// Heartbeat interval; zero disables heartbeats and silence detection.
     pub heartbeat: Duration,
     /// Silence after which a peer is declared failed.
@@ -98,6 +116,7 @@ impl Default for Config {
             timeout: Duration::from_millis(30_000),
             bind_addr: IpAddr::from([127, 0, 0, 1]),
             chunk_bytes: 512 << 10,
+            algo: AlgoChoice::Auto,
             heartbeat: Duration::from_millis(100),
             dead_after: Duration::from_millis(800),
             lease_ttl: Duration::from_secs(2),
@@ -170,6 +189,11 @@ impl Config {
         }
         c.job_id = get("HCCN_JOB_ID").filter(|v| !v.is_empty());
         c.job_token = get("HCCN_JOB_TOKEN").filter(|v| !v.is_empty());
+        if let Some(v) = get("HCCN_ALGO") {
+            c.algo = AlgoChoice::from_name(&v).ok_or_else(|| {
+                Error::invalid(format!("HCCN_ALGO={v:?} is not one of {}", AlgoChoice::names().join(", ")))
+            })?;
+        }
         c.trace = get("HCCN_TRACE").filter(|v| !v.is_empty()).map(std::path::PathBuf::from);
         c.backend = match get("HCCN_BACKEND").as_deref().map(str::trim) {
             None | Some("") | Some("native") => Backend::Native,
@@ -236,6 +260,14 @@ mod tests {
         let c = c.expect("valid config");
         assert_eq!(c.timeout, Duration::from_millis(1500));
         assert_eq!(c.chunk_bytes, 65536);
+    }
+
+    #[test]
+    fn algo_choice() {
+        let e = Config::from_lookup(lookup(&[("HCCN_ALGO", "bubble")])).err().map(|e| e.to_string());
+        assert!(e.is_some_and(|m| m.contains("HCCN_ALGO") && m.contains("rhd")), "names the choices");
+        let c = Config::from_lookup(lookup(&[("HCCN_ALGO", "RHD")])).map(|c| c.algo).ok();
+        assert_eq!(c, Some(AlgoChoice::Rhd));
     }
 
     #[test]

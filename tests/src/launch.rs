@@ -59,7 +59,14 @@ pub fn hccnrun(n: u32, program: &std::path::Path, args: &[&str], env: &[(&str, &
 /// counts cross many chunks) and asserts that it succeeded: exit 0, a `[r] rank r of n: ...`
 /// report from every rank, and no `FAIL` line.
 pub fn expect_clean_run(n: u32, program: &std::path::Path, what: &str) {
-    let out = hccnrun(n, program, &[], &[("HCCN_CHUNK_BYTES", "4096")], Duration::from_secs(600));
+    expect_clean_run_with(n, program, &[], &[], what)
+}
+
+/// [`expect_clean_run`] with program arguments and more environment (e.g. `HCCN_ALGO`).
+pub fn expect_clean_run_with(n: u32, program: &std::path::Path, args: &[&str], env: &[(&str, &str)], what: &str) {
+    let mut all_env = vec![("HCCN_CHUNK_BYTES", "4096")];
+    all_env.extend_from_slice(env);
+    let out = hccnrun(n, program, args, &all_env, Duration::from_secs(600));
     assert_eq!(out.code, Some(0), "{what} with {n} ranks failed: {}", out.describe());
     for r in 0..n {
         assert!(

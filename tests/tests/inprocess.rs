@@ -43,6 +43,93 @@ fn matrix_on_threads_world_sizes_1_to_5() {
     }
 }
 
+/// Each allreduce algorithm forced in turn (as HCCN_ALGO does) over world sizes that cover the
+/// power-of-two and the folded (non-power-of-two) cases of recursive halving-doubling.
+#[test]
+fn matrix_with_each_algorithm_forced() {
+    use hccn_runtime::collectives::select::AlgoChoice;
+    let dtypes = [DataType::Int8, DataType::Fp16, DataType::Fp32, DataType::Int64];
+    for algo in [AlgoChoice::Ring, AlgoChoice::Rhd, AlgoChoice::Tree] {
+        for n in [2u32, 3, 4, 6, 7] {
+            let comms = world(n, &Config { algo, ..config() });
+            let reports: Vec<_> = comms
+                .into_iter()
+                .map(|c| std::thread::spawn(move || matrix::run(&c, &dtypes, &[0, 1, 7, 1023, 4099])))
+                .collect();
+            for h in reports {
+                let rep = h.join().expect("rank thread");
+                assert!(
+                    rep.failures.is_empty(),
+                    "{} on world {n}: {} failures, first: {:#?}",
+                    algo.name(),
+                    rep.failures.len(),
+                    &rep.failures[..rep.failures.len().min(10)]
+                );
+            }
+        }
+    }
+}
+
+/// With the default (large) chunk the model picks chunks per operation; an allgatherv whose
+/// blocks differ by megabytes must still be cut the same way by sender and receiver.
+#[test]
+fn allgatherv_with_unequal_large_blocks_and_default_chunks() {
+    use hccn_runtime::{Op, Ptr};
+    let counts: Vec<u64> = vec![3 << 20, 2, 1 << 20];
+    let displs: Vec<u64> = counts.iter().scan(0, |acc, c| Some(std::mem::replace(acc, *acc + c))).collect();
+    let total: u64 = counts.iter().sum();
+    let comms = world(3, &Config { timeout: Duration::from_secs(60), ..Config::default() });
+    let handles: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            let (counts, displs) = (counts.clone(), displs.clone());
+            std::thread::spawn(move || {
+                let r = c.rank() as usize;
+                let send: Vec<u8> = (0..counts[r]).map(|i| (i as u8).wrapping_mul(7).wrapping_add(r as u8)).collect();
+                let mut recv = vec![0u8; total as usize];
+                let op = Op::AllGatherV {
+                    send: Ptr::from_const(send.as_ptr()),
+                    send_count: counts[r],
+                    recv: Ptr::from_mut(recv.as_mut_ptr()),
+                    recv_counts: counts.clone(),
+                    displs: displs.clone(),
+                    dt: DataType::Uint8,
+                };
+                // SAFETY: both buffers live until the blocking call returns.
+                unsafe { c.submit(op, None) }.expect("allgatherv");
+                for (q, (&n, &d)) in counts.iter().zip(&displs).enumerate() {
+                    let want = (0..n).map(|i| (i as u8).wrapping_mul(7).wrapping_add(q as u8));
+                    assert!(recv[d as usize..(d + n) as usize].iter().copied().eq(want), "rank {r}: block {q}");
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("rank thread");
+    }
+}
+
+#[test]
+fn hier_without_hosts_is_a_clear_error() {
+    use hccn_runtime::collectives::select::AlgoChoice;
+    use hccn_runtime::ErrorKind;
+    let comms = world(2, &Config { algo: AlgoChoice::Hier, ..config() });
+    let errs: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            std::thread::spawn(move || {
+                let mut out = [0f32; 4];
+                c.all_reduce(&[1f32; 4], &mut out, hccn_runtime::ReduceOp::Sum).err()
+            })
+        })
+        .collect();
+    for h in errs {
+        let e = h.join().expect("rank thread").expect("hier cannot run on one host");
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+        assert!(e.to_string().contains("HCCN_ALGO=hier"), "{e}");
+    }
+}
+
 #[test]
 fn abort_wakes_an_operation_blocked_on_a_stream() {
     use hccn_runtime::{ErrorKind, Op, Ptr, Stream};

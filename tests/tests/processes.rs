@@ -29,3 +29,13 @@ fn matrix_6_7_8_ranks() {
         matrix(n);
     }
 }
+
+/// HCCN_ALGO through the C ABI: Rabenseifner with a fold (3, 5 ranks) and without (4), and the
+/// tree, over the quick matrix (fp32, int8, bf16).
+#[test]
+fn matrix_with_forced_algorithms() {
+    let m = PathBuf::from(env!("CARGO_BIN_EXE_hccn-matrix"));
+    for (algo, n) in [("rhd", 3), ("rhd", 4), ("rhd", 5), ("tree", 3), ("ring", 4)] {
+        launch::expect_clean_run_with(n, &m, &["--quick"], &[("HCCN_ALGO", algo)], &format!("the matrix with {algo}"));
+    }
+}

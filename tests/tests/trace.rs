@@ -19,12 +19,12 @@ fn temp_dir(label: &str) -> PathBuf {
     d
 }
 
-/// Runs the traced sweep into `dir`.
+/// Runs the traced sweep into `dir`, with the ring forced (the byte counts below are its own).
 fn traced_run(dir: &Path) {
     let perf = launch::bin("hccn-perf");
     let args = ["--op", "allreduce", "-b", "1K", "-e", "64K", "-f", "4", "-w", "1", "-n", "2"];
     let dir = dir.to_str().expect("utf-8 temp dir");
-    let env = [("HCCN_TRACE", dir), ("HCCN_JOB_ID", "tracetest")];
+    let env = [("HCCN_TRACE", dir), ("HCCN_JOB_ID", "tracetest"), ("HCCN_ALGO", "ring")];
     let out = launch::hccnrun(RANKS, &perf, &args, &env, Duration::from_secs(120));
     assert_eq!(out.code, Some(0), "traced hccn-perf failed: {}", out.describe());
 }

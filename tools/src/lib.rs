@@ -14,7 +14,13 @@ pub mod trace;
 /// What every tool that runs as a rank does first: read the configuration, start logging, make
 /// etcd stores usable, and join the job hccnrun describes in the environment.
 pub fn join_job() -> Result<hccn_runtime::Communicator, String> {
-    let cfg = hccn_runtime::Config::from_env().map_err(|e| e.to_string())?;
+    join_job_with(|_| {})
+}
+
+/// [`join_job`] with the configuration adjusted by `adjust` (a tool's options over HCCN_*).
+pub fn join_job_with(adjust: impl FnOnce(&mut hccn_runtime::Config)) -> Result<hccn_runtime::Communicator, String> {
+    let mut cfg = hccn_runtime::Config::from_env().map_err(|e| e.to_string())?;
+    adjust(&mut cfg);
     hccn_runtime::log::init(&cfg);
     hccn_recovery::install();
     let env = hccn_runtime::LaunchEnv::from_env().map_err(|e| e.to_string())?;

@@ -16,11 +16,37 @@ pub(crate) struct Ctx<'a> {
     comm: &'a CommInner,
     kind: FrameKind,
     seq: u64,
+    /// Pipeline chunk of this operation (the cost model's choice, at most HCCN_CHUNK_BYTES).
+    chunk: usize,
 }
 
 impl<'a> Ctx<'a> {
     pub fn new(comm: &'a CommInner, kind: FrameKind, seq: u64) -> Self {
-        Ctx { comm, kind, seq }
+        Ctx { comm, kind, seq, chunk: comm.chunk_bytes }
+    }
+
+    /// The same context with pipeline chunks of at most `bytes` (never above HCCN_CHUNK_BYTES).
+    pub fn with_chunk(&self, bytes: usize) -> Ctx<'a> {
+        Ctx { comm: self.comm, kind: self.kind, seq: self.seq, chunk: bytes.min(self.comm.chunk_bytes) }
+    }
+
+    /// The largest pipeline chunk (HCCN_CHUNK_BYTES).
+    pub fn max_chunk(&self) -> usize {
+        self.comm.chunk_bytes
+    }
+
+    /// The algorithm HCCN_ALGO forces, or `Auto`.
+    pub fn forced_algo(&self) -> super::select::AlgoChoice {
+        self.comm.net.algo
+    }
+
+    /// How this rank reaches communicator rank `peer`, for the cost model.
+    pub fn transport_kind(&self, peer: u32) -> super::select::TransportKind {
+        if peer == self.comm.rank {
+            super::select::TransportKind::Local
+        } else {
+            super::select::TransportKind::Tcp
+        }
     }
 
     /// A `tracing` span for the operation this context runs (HCCN_LOG=hccn_runtime=debug).
@@ -57,7 +83,7 @@ impl<'a> Ctx<'a> {
     /// Pipeline chunk in bytes, a multiple of 8 so that chunks never split an element of any
     /// data type (HCCN_CHUNK_BYTES may be any number in its range).
     pub fn chunk(&self) -> usize {
-        (self.comm.chunk_bytes & !7).max(8)
+        (self.chunk & !7).max(8)
     }
 
     /// Splits `len` bytes into pipeline chunks (none for 0).

@@ -8,6 +8,7 @@ mod dissemination;
 mod linear;
 mod p2p;
 mod pairwise;
+mod rhd;
 mod ring;
 mod ring_compressed;
 pub mod select;
@@ -370,7 +371,8 @@ fn span(blocks: &[Block]) -> usize {
 /// # Safety
 /// Every pointer in `work` must be valid as described by the `Op` it came from, until return.
 pub(crate) unsafe fn execute(ctx: &Ctx<'_>, work: &Work) -> Result<()> {
-    let algo = select::select(work, ctx);
+    let plan = select::select(work, ctx)?;
+    let (algo, ctx) = (plan.algo, &ctx.with_chunk(plan.chunk));
     let _span = ctx.span(algo.name()).entered();
     let t = crate::trace::start();
     // SAFETY: the caller's promise, passed on.

@@ -1,26 +1,294 @@
-//! The one place that chooses an algorithm for an operation.
+//! The one place that chooses an algorithm for an operation, by a cost model.
+//!
+//! Each collective that has a choice lists its [`Candidate`]s, each with a cost function of the
+//! [`Model`] (world size, latency α and inverse bandwidth β of the links the algorithm crosses,
+//! the reduction's cost γ per byte, the host layout) and the buffer size. The cheapest applicable
+//! candidate runs, unless `HCCN_ALGO` forces one; the model also picks the pipeline chunk.
+//! A new transport adds a [`TransportKind`] with its default [`LinkCost`]; a new algorithm (the
+//! hierarchical one) adds a candidate whose cost function returns `None` where it cannot run.
 
 use super::dissemination::Dissemination;
 use super::linear::Linear;
 use super::pairwise::Pairwise;
+use super::rhd::{RD, RHD};
 use super::ring::Ring;
 use super::ring_compressed::CompressedRing;
 use super::tree::BinomialTree;
 use super::{Algorithm, Ctx, Ptr, Work};
+use crate::config;
+use crate::error::{Error, Result};
 use crate::types::{DataType, ReduceOp};
 
-pub(crate) fn select(work: &Work, _ctx: &Ctx<'_>) -> &'static dyn Algorithm {
-    choose(work)
+/// An algorithm a user can ask for (`HCCN_ALGO`, `hccn-perf --algo`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AlgoChoice {
+    /// The cost model decides per operation.
+    #[default]
+    Auto,
+    Ring,
+    /// Recursive halving-doubling (Rabenseifner). Its small-buffer variant, recursive doubling
+    /// (`rd`), is the model's choice only.
+    Rhd,
+    Tree,
+    /// Hierarchical: intra-host reduce-scatter, inter-host allreduce, intra-host allgather.
+    Hier,
 }
 
-fn choose(work: &Work) -> &'static dyn Algorithm {
+impl AlgoChoice {
+    pub const ALL: [AlgoChoice; 5] =
+        [AlgoChoice::Auto, AlgoChoice::Ring, AlgoChoice::Rhd, AlgoChoice::Tree, AlgoChoice::Hier];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AlgoChoice::Auto => "auto",
+            AlgoChoice::Ring => "ring",
+            AlgoChoice::Rhd => "rhd",
+            AlgoChoice::Tree => "tree",
+            AlgoChoice::Hier => "hier",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<AlgoChoice> {
+        let name = name.trim().to_ascii_lowercase();
+        AlgoChoice::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    pub fn names() -> Vec<&'static str> {
+        AlgoChoice::ALL.iter().map(|a| a.name()).collect()
+    }
+}
+
+/// How a rank reaches a peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportKind {
+    /// The rank itself (through its own inbox).
+    Local,
+    Tcp,
+    /// Shared memory between ranks of one host.
+    Shm,
+}
+
+/// The cost of one link: `alpha` seconds per message, `beta` seconds per byte.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinkCost {
+    pub alpha: f64,
+    pub beta: f64,
+}
+
+impl LinkCost {
+    /// Seconds to move one message of `bytes`.
+    fn msg(self, bytes: f64) -> f64 {
+        self.alpha + bytes * self.beta
+    }
+
+    /// The worse of two links in latency and in bandwidth, each.
+    fn worst(self, o: LinkCost) -> LinkCost {
+        LinkCost { alpha: self.alpha.max(o.alpha), beta: self.beta.max(o.beta) }
+    }
+}
+
+impl TransportKind {
+    /// Default cost (config.rs), measured on the 2-core development machine.
+    pub fn default_cost(self) -> LinkCost {
+        let (alpha_us, gbps) = match self {
+            TransportKind::Local => (config::LOCAL_ALPHA_US, config::LOCAL_GBPS),
+            TransportKind::Tcp => (config::TCP_ALPHA_US, config::TCP_GBPS),
+            TransportKind::Shm => (config::SHM_ALPHA_US, config::SHM_GBPS),
+        };
+        LinkCost { alpha: alpha_us * 1e-6, beta: 1.0 / (gbps * 1e9) }
+    }
+}
+
+/// What the cost functions know about a communicator.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Model {
+    /// Ranks.
+    pub n: u32,
+    /// The slowest link between ranks of one host, if the communicator has two on one host.
+    pub intra: Option<LinkCost>,
+    /// The slowest link between hosts, if the communicator spans hosts.
+    pub inter: Option<LinkCost>,
+    /// Hosts the ranks are on (1 when unknown: every link then counts as inter-host).
+    pub hosts: u32,
+    /// Seconds per byte to combine a received buffer into the accumulator.
+    pub gamma: f64,
+    /// HCCN_CHUNK_BYTES.
+    pub max_chunk: usize,
+}
+
+impl Model {
+    /// A communicator of `n` ranks whose links are all of `kind`, on one host.
+    pub fn uniform(n: u32, kind: TransportKind, max_chunk: usize) -> Model {
+        let link = (n > 1).then(|| kind.default_cost());
+        Model { n, intra: None, inter: link, hosts: 1, gamma: 1.0 / (config::REDUCE_GBPS * 1e9), max_chunk }
+    }
+
+    /// The model of the communicator `ctx` runs on, from the transport to each peer.
+    ///
+    /// Every rank must build the same model (sender and receiver cut the same chunks and run the
+    /// same algorithm). With one transport for all pairs this rank's view is everyone's; once
+    /// kinds differ per pair (shared memory inside a host, TCP between hosts), build `intra`,
+    /// `inter` and `hosts` from the communicator's host layout, which all ranks share, not from
+    /// this rank's own links (a host with a single rank would otherwise see no `intra`).
+    fn of(ctx: &Ctx<'_>) -> Model {
+        let mut m = Model::uniform(ctx.size(), TransportKind::Local, ctx.max_chunk());
+        m.inter = None;
+        for peer in (0..ctx.size()).filter(|&p| p != ctx.rank()) {
+            let c = ctx.transport_kind(peer).default_cost();
+            let slot = match ctx.transport_kind(peer) {
+                TransportKind::Shm | TransportKind::Local => &mut m.intra,
+                TransportKind::Tcp => &mut m.inter,
+            };
+            *slot = Some(slot.map_or(c, |s| s.worst(c)));
+        }
+        m
+    }
+
+    /// The link a flat algorithm (one that ignores hosts) is limited by.
+    fn flat(&self) -> LinkCost {
+        match (self.intra, self.inter) {
+            (Some(a), Some(b)) => a.worst(b),
+            (Some(a), None) | (None, Some(a)) => a,
+            (None, None) => TransportKind::Local.default_cost(),
+        }
+    }
+
+    fn log2_floor(&self) -> u32 {
+        31 - self.n.max(1).leading_zeros()
+    }
+
+    fn log2_ceil(&self) -> u32 {
+        self.n.max(1).next_power_of_two().trailing_zeros()
+    }
+}
+
+/// Cost in seconds of running a candidate over `bytes`, or `None` where it cannot run.
+type CostFn = fn(&Model, f64) -> Option<f64>;
+
+/// One algorithm able to run a collective.
+struct Candidate {
+    /// The HCCN_ALGO value that forces it; `Auto` for a variant only the model picks.
+    choice: AlgoChoice,
+    algo: &'static dyn Algorithm,
+    cost: CostFn,
+}
+
+/// Ring allreduce: 2(n-1) steps, each moving S/n; n-1 of them reduce it.
+fn ring_allreduce(m: &Model, s: f64) -> Option<f64> {
+    let n = f64::from(m.n);
+    let step = s / n;
+    Some(2.0 * (n - 1.0) * m.flat().msg(step) + (n - 1.0) * step * m.gamma)
+}
+
+/// The non-power-of-two pre- and post-step of the recursive algorithms (the whole buffer out
+/// and back, one reduction), for n' = 2^⌊log2 n⌋.
+fn fold(m: &Model, s: f64) -> f64 {
+    if m.n.is_power_of_two() {
+        0.0
+    } else {
+        2.0 * m.flat().msg(s) + s * m.gamma
+    }
+}
+
+/// Rabenseifner: log2 n' halving steps (S/2, S/4, ...) then log2 n' doubling steps back.
+fn rhd_allreduce(m: &Model, s: f64) -> Option<f64> {
+    let k = m.log2_floor();
+    let p = f64::from(1u32 << k);
+    let l = m.flat();
+    Some(fold(m, s) + 2.0 * f64::from(k) * l.alpha + 2.0 * (p - 1.0) / p * s * l.beta + (p - 1.0) / p * s * m.gamma)
+}
+
+/// Recursive doubling: log2 n' steps, each exchanging and reducing the whole buffer.
+fn rd_allreduce(m: &Model, s: f64) -> Option<f64> {
+    let k = f64::from(m.log2_floor());
+    Some(fold(m, s) + k * (m.flat().msg(s) + s * m.gamma))
+}
+
+/// Binomial reduce to rank 0 then broadcast: ⌈log2 n⌉ levels each way, pipelined by chunks.
+fn tree_allreduce(m: &Model, s: f64) -> Option<f64> {
+    let levels = f64::from(m.log2_ceil());
+    let c = (m.max_chunk as f64).min(s).max(1.0);
+    let chunks = (s / c).ceil().max(1.0);
+    // The root waits for every child's chunk: a level costs (children) messages per chunk.
+    Some(2.0 * (levels + chunks - 1.0) * m.flat().msg(c) * levels.max(1.0) + levels * s * m.gamma)
+}
+
+/// The hierarchical slot. The shared-memory work adds `hier.rs` and replaces this with its cost
+/// (intra-host reduce-scatter and allgather over `m.intra`, an inter-host allreduce over
+/// `m.inter` among `m.hosts`); until then no communicator can run it.
+fn hier_allreduce(_m: &Model, _s: f64) -> Option<f64> {
+    None
+}
+
+/// Stands in for `hier.rs` in the candidate list; never chosen (its cost is always `None`).
+struct HierUnavailable;
+impl Algorithm for HierUnavailable {
+    fn name(&self) -> &'static str {
+        "hier"
+    }
+}
+
+static ALLREDUCE: [Candidate; 5] = [
+    Candidate { choice: AlgoChoice::Ring, algo: &Ring, cost: ring_allreduce },
+    Candidate { choice: AlgoChoice::Rhd, algo: &RHD, cost: rhd_allreduce },
+    Candidate { choice: AlgoChoice::Auto, algo: &RD, cost: rd_allreduce },
+    Candidate { choice: AlgoChoice::Tree, algo: &BinomialTree, cost: tree_allreduce },
+    Candidate { choice: AlgoChoice::Hier, algo: &HierUnavailable, cost: hier_allreduce },
+];
+
+/// The algorithm and pipeline chunk of one operation.
+pub(crate) struct Plan {
+    pub algo: &'static dyn Algorithm,
+    pub chunk: usize,
+}
+
+/// Chunk that balances per-message latency against pipeline fill for a step of `step` bytes:
+/// √(α·step/γ) (the classic pipeline optimum), between 4 KiB and HCCN_CHUNK_BYTES.
+fn chunk_for(m: &Model, step: f64) -> usize {
+    let c = (m.flat().alpha * step / m.gamma).sqrt();
+    let c = (c as usize).clamp(4 << 10, m.max_chunk.max(4 << 10));
+    c.min(m.max_chunk)
+}
+
+pub(crate) fn select(work: &Work, ctx: &Ctx<'_>) -> Result<Plan> {
+    plan(work, &Model::of(ctx), ctx.forced_algo())
+}
+
+fn plan(work: &Work, m: &Model, forced: AlgoChoice) -> Result<Plan> {
+    let fixed = |algo: &'static dyn Algorithm| Plan { algo, chunk: m.max_chunk };
     match work {
-        Work::Reduce { root: None, .. } | Work::ReduceScatter { .. } | Work::Gather { root: None, .. } => &Ring,
-        Work::ReduceCompressed { .. } => &CompressedRing,
-        Work::Reduce { root: Some(_), .. } | Work::Broadcast { .. } => &BinomialTree,
-        Work::Gather { root: Some(_), .. } | Work::Scatter { .. } => &Linear,
-        Work::AllToAll { .. } => &Pairwise,
-        Work::Barrier | Work::Send { .. } | Work::Recv { .. } | Work::Nothing => &Dissemination,
+        Work::Reduce { root: None, bytes, .. } => {
+            let s = *bytes as f64;
+            let costed = ALLREDUCE.iter().filter_map(|c| (c.cost)(m, s).map(|t| (c, t)));
+            let costed: Vec<_> = costed.filter(|(c, _)| forced == AlgoChoice::Auto || c.choice == forced).collect();
+            let best = costed.iter().min_by(|a, b| a.1.total_cmp(&b.1)).map(|(c, _)| c.algo);
+            let algo = best.ok_or_else(|| {
+                Error::invalid(format!(
+                    "HCCN_ALGO={}: that algorithm cannot run an allreduce on this communicator of {} ranks{}",
+                    forced.name(),
+                    m.n,
+                    if forced == AlgoChoice::Hier {
+                        " (it needs ranks on more than one host, with shared memory between the ranks of a host)"
+                    } else {
+                        ""
+                    }
+                ))
+            })?;
+            let step = if algo.name() == "ring" { s / f64::from(m.n.max(1)) } else { s / 2.0 };
+            Ok(Plan { algo, chunk: chunk_for(m, step) })
+        }
+        Work::ReduceScatter { block_bytes, .. } => Ok(Plan { algo: &Ring, chunk: chunk_for(m, *block_bytes as f64) }),
+        Work::Gather { root: None, blocks, .. } => {
+            // From the largest block, which every rank knows: in an allgatherv the ranks' own
+            // blocks differ, and sender and receiver must cut a block into the same chunks.
+            let step = blocks.iter().map(|b| b.len()).max().unwrap_or(0);
+            Ok(Plan { algo: &Ring, chunk: chunk_for(m, step as f64) })
+        }
+        Work::ReduceCompressed { .. } => Ok(fixed(&CompressedRing)),
+        Work::Reduce { root: Some(_), .. } | Work::Broadcast { .. } => Ok(fixed(&BinomialTree)),
+        Work::Gather { root: Some(_), .. } | Work::Scatter { .. } => Ok(fixed(&Linear)),
+        Work::AllToAll { .. } => Ok(fixed(&Pairwise)),
+        Work::Barrier | Work::Send { .. } | Work::Recv { .. } | Work::Nothing => Ok(fixed(&Dissemination)),
     }
 }
 
@@ -39,10 +307,22 @@ pub const OPS: &[&str] = &[
 ];
 
 /// The algorithm that [`select`] would run for collective `op` (an `Op::name`) over `bytes`
-/// (the whole buffer) on `size` ranks; `None` for a name not in [`OPS`]. For tools that show the
-/// choice (hccn-info): it asks the same decision with a stand-in operation.
+/// (the whole buffer) on `size` ranks connected by TCP, with the default chunk; `None` for a
+/// name not in [`OPS`]. For tools that show the choice (hccn-info).
 pub fn algorithm_name(op: &str, bytes: usize, size: u32) -> Option<&'static str> {
-    let n = size.max(1) as usize;
+    let m = Model::uniform(size.max(1), TransportKind::Tcp, config::Config::default().chunk_bytes);
+    plan_name(op, bytes, &m, AlgoChoice::Auto).ok().flatten().map(|(a, _)| a)
+}
+
+/// [`plan_name`] with the model and HCCN_ALGO of the communicator `ctx` runs on.
+pub(crate) fn plan_for(ctx: &Ctx<'_>, op: &str, bytes: usize) -> Result<Option<(&'static str, usize)>> {
+    plan_name(op, bytes, &Model::of(ctx), ctx.forced_algo())
+}
+
+/// The algorithm and chunk of collective `op` over `bytes` under model `m` with `forced`;
+/// `Ok(None)` for an unknown op, `Err` when `forced` cannot run it.
+pub fn plan_name(op: &str, bytes: usize, m: &Model, forced: AlgoChoice) -> Result<Option<(&'static str, usize)>> {
+    let n = m.n.max(1) as usize;
     let block = bytes / n;
     let blocks: Vec<_> = (0..n).map(|i| i * block..(i + 1) * block).collect();
     let p = Ptr::null();
@@ -58,22 +338,115 @@ pub fn algorithm_name(op: &str, bytes: usize, size: u32) -> Option<&'static str>
         "scatter" => Work::Scatter { send: p, blocks, recv: p, recv_bytes: block, root: 0 },
         "alltoall" => Work::AllToAll { send: p, send_blocks: blocks.clone(), recv: p, recv_blocks: blocks },
         "barrier" => Work::Barrier,
-        _ => return None,
+        _ => return Ok(None),
     };
-    Some(choose(&work).name())
+    let plan = plan(&work, m, forced)?;
+    Ok(Some((plan.algo.name(), plan.chunk)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn tcp(n: u32) -> Model {
+        Model::uniform(n, TransportKind::Tcp, 512 << 10)
+    }
+
+    fn pick(m: &Model, bytes: usize) -> (&'static str, usize) {
+        plan_name("allreduce", bytes, m, AlgoChoice::Auto).ok().flatten().unwrap_or(("error", 0))
+    }
+
     #[test]
     fn every_listed_op_has_an_algorithm() {
         for op in OPS {
             assert!(algorithm_name(op, 1 << 20, 4).is_some(), "{op}");
         }
-        assert_eq!(algorithm_name("allreduce", 1024, 3), Some("ring"));
         assert_eq!(algorithm_name("broadcast", 1024, 3), Some("tree"));
         assert_eq!(algorithm_name("nonsense", 1024, 3), None);
+    }
+
+    #[test]
+    fn small_allreduce_uses_recursive_doubling_large_a_bandwidth_optimal_one() {
+        for n in [2, 3, 4, 5, 8] {
+            assert_eq!(pick(&tcp(n), 4).0, "rd", "4 bytes on {n} ranks: fewest messages");
+            let big = pick(&tcp(n), 64 << 20).0;
+            assert!(big == "ring" || big == "rhd", "64 MiB on {n} ranks: {big}");
+        }
+        // Power of two: Rabenseifner's 2·log2 n messages beat the ring's 2(n-1) at equal bytes.
+        assert_eq!(pick(&tcp(8), 64 << 20).0, "rhd");
+        // Two ranks: ring and rhd are the same exchange; the ring is listed first.
+        assert_eq!(pick(&tcp(2), 64 << 20).0, "ring");
+    }
+
+    #[test]
+    fn non_powers_of_two_pay_the_fold_so_large_buffers_take_the_ring() {
+        // 5 ranks: rhd sends the whole buffer twice more (pre/post step), the ring does not.
+        assert_eq!(pick(&tcp(5), 64 << 20).0, "ring");
+        assert_eq!(pick(&tcp(3), 64 << 20).0, "ring");
+    }
+
+    #[test]
+    fn crossover_moves_with_latency() {
+        let slow = tcp(2);
+        let mut fast = tcp(2);
+        fast.inter = Some(LinkCost { alpha: 0.5e-6, beta: 1.0 / 8e9 });
+        // 64 KiB: on TCP (tens of µs per message) one exchange wins; with 0.5 µs messages the
+        // reduction of half the bytes (ring, rhd) wins.
+        assert_eq!(pick(&slow, 64 << 10).0, "rd");
+        assert_eq!(pick(&fast, 64 << 10).0, "ring");
+    }
+
+    #[test]
+    fn chunks_grow_with_the_step_and_stay_within_the_limit() {
+        let m = tcp(2);
+        let (_, small) = pick(&m, 256 << 10);
+        let (_, large) = pick(&m, 256 << 20);
+        assert!(small <= large, "{small} {large}");
+        assert_eq!(large, 512 << 10, "capped by HCCN_CHUNK_BYTES");
+        let capped = Model { max_chunk: 4096, ..m };
+        assert_eq!(pick(&capped, 256 << 20).1, 4096, "a small HCCN_CHUNK_BYTES is kept (the tests rely on it)");
+        assert!(small >= 4 << 10);
+    }
+
+    #[test]
+    fn forcing_picks_within_the_family_and_refuses_what_cannot_run() {
+        let m = tcp(4);
+        let forced = |a, bytes| plan_name("allreduce", bytes, &m, a).map(|p| p.map(|(n, _)| n));
+        assert_eq!(forced(AlgoChoice::Ring, 4).ok().flatten(), Some("ring"));
+        assert_eq!(forced(AlgoChoice::Tree, 64 << 20).ok().flatten(), Some("tree"));
+        assert_eq!(forced(AlgoChoice::Rhd, 4).ok().flatten(), Some("rhd"));
+        assert_eq!(forced(AlgoChoice::Rhd, 64 << 20).ok().flatten(), Some("rhd"));
+        let e = forced(AlgoChoice::Hier, 1024).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("HCCN_ALGO=hier") && e.contains("more than one host"), "{e}");
+        // Collectives without a choice keep their algorithm whatever is forced.
+        let b = plan_name("broadcast", 1024, &m, AlgoChoice::Ring).ok().flatten().map(|p| p.0);
+        assert_eq!(b, Some("tree"));
+    }
+
+    #[test]
+    fn every_rank_of_an_allgatherv_cuts_the_same_chunks() {
+        let m = tcp(3);
+        let blocks = vec![0..(40 << 20), (40 << 20)..(41 << 20), (41 << 20)..(41 << 20) + 8];
+        let chunk = |own: usize| {
+            let w = Work::Gather {
+                send: Ptr::null(),
+                send_bytes: own,
+                recv: Ptr::null(),
+                blocks: blocks.clone(),
+                root: None,
+            };
+            plan(&w, &m, AlgoChoice::Auto).map(|p| p.chunk).ok()
+        };
+        assert_eq!(chunk(40 << 20), chunk(8));
+        assert_eq!(chunk(1 << 20), chunk(8));
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for a in AlgoChoice::ALL {
+            assert_eq!(AlgoChoice::from_name(a.name()), Some(a));
+        }
+        assert_eq!(AlgoChoice::from_name(" Ring "), Some(AlgoChoice::Ring));
+        assert_eq!(AlgoChoice::from_name("nccl"), None);
     }
 }

@@ -1,7 +1,9 @@
-//! Binomial tree rooted anywhere, for broadcast and reduce. Ranks are renumbered relative to
-//! the root; a rank's parent clears its lowest set bit. Chunks flow down (broadcast) or up
-//! (reduce) the tree one after another, so depth costs latency once, not per chunk.
-//! Bytes on the wire: each non-root receives (broadcast) or sends (reduce) the buffer once.
+//! Binomial tree rooted anywhere, for broadcast and reduce, and allreduce as a reduce to rank 0
+//! followed by a broadcast from it. Ranks are renumbered relative to the root; a rank's parent
+//! clears its lowest set bit. Chunks flow down (broadcast) or up (reduce) the tree one after
+//! another, so depth costs latency once, not per chunk.
+//! Bytes on the wire: each non-root receives (broadcast) or sends (reduce) the buffer once;
+//! allreduce does both.
 
 use super::{Algorithm, Ctx, ReduceArgs};
 use crate::error::Result;
@@ -29,19 +31,10 @@ impl Algorithm for BinomialTree {
     }
 
     fn broadcast(&self, ctx: &Ctx<'_>, buf: &mut [u8], root: u32) -> Result<()> {
-        let (parent, children) = family(ctx.rank(), root, ctx.size());
-        for r in ctx.chunks(buf.len()) {
-            if let Some(p) = parent {
-                ctx.recv_into(p, 0, &mut buf[r.clone()])?;
-            }
-            // Farthest subtree first: it has the most forwarding left to do.
-            for &c in children.iter().rev() {
-                ctx.send(c, 0, &buf[r.clone()])?;
-            }
-        }
-        Ok(())
+        broadcast(ctx, buf, root, 0)
     }
 
+    /// Reduce to `w.root`, or (allreduce) reduce to rank 0 and broadcast the result.
     fn reduce(&self, ctx: &Ctx<'_>, w: &mut ReduceArgs<'_>) -> Result<()> {
         let root = w.root.unwrap_or(0);
         let (parent, children) = family(ctx.rank(), root, ctx.size());
@@ -53,8 +46,25 @@ impl Algorithm for BinomialTree {
                 ctx.send(p, 0, &w.acc[r.clone()])?;
             }
         }
+        if w.root.is_none() {
+            broadcast(ctx, w.acc, root, 1)?;
+        }
         Ok(())
     }
+}
+
+fn broadcast(ctx: &Ctx<'_>, buf: &mut [u8], root: u32, tag: u32) -> Result<()> {
+    let (parent, children) = family(ctx.rank(), root, ctx.size());
+    for r in ctx.chunks(buf.len()) {
+        if let Some(p) = parent {
+            ctx.recv_into(p, tag, &mut buf[r.clone()])?;
+        }
+        // Farthest subtree first: it has the most forwarding left to do.
+        for &c in children.iter().rev() {
+            ctx.send(c, tag, &buf[r.clone()])?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -10,6 +10,8 @@ mod membership;
 mod precheck;
 mod shrink;
 mod typed;
+// What the algorithm selection would do, for tools.
+mod plan;
 
 use std::collections::{BTreeMap, HashMap};
 

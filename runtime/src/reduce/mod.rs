@@ -1,8 +1,13 @@
 //! Element-wise reduction kernels over byte buffers, for every data type and op.
 //!
-//! Buffers come from users and from the wire, so they may be unaligned: aligned inputs take a
-//! typed loop that the compiler vectorises, the rest an unaligned element loop. FP16 and BF16 are
-//! computed in f32 and rounded once per step; integers wrap, as in NCCL.
+//! Buffers come from users and from the wire, so they may be unaligned: every kernel is one
+//! loop of unaligned loads and stores with the op fixed at compile time, which the compiler
+//! vectorises; it is compiled three times (baseline x86-64, AVX2, AVX-512) and the widest the CPU
+//! has is picked at run time. FP16 and BF16 go through f32 in blocks that stay in L1: widened
+//! (F16C for FP16 through the `half` crate, a shift for BF16), combined in f32, rounded back once
+//! per step (to nearest even), exactly as an element-at-a-time f32 computation would. Integers
+//! wrap, as in NCCL; float MAX and MIN return the other operand when one is NaN (IEEE maxNum,
+//! Rust's `f32::max`). No kernel branches per element on anything but the values themselves.
 
 pub mod narrow;
 
@@ -128,19 +133,197 @@ fn typed_mut<T: Elem>(bytes: &mut [u8]) -> Option<&mut [T]> {
     Some(unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<T>(), bytes.len() / T::SIZE) })
 }
 
-fn combine_into<T: Elem>(dst: &mut [u8], src: &[u8], op: ReduceOp) {
-    if let (Some(s), Some(d)) = (typed::<T>(src), typed_mut::<T>(dst)) {
-        // One loop per op so that each body is a plain vectorisable expression.
-        match op {
-            ReduceOp::Sum | ReduceOp::Avg => d.iter_mut().zip(s).for_each(|(d, s)| *d = d.combine(*s, ReduceOp::Sum)),
-            ReduceOp::Prod => d.iter_mut().zip(s).for_each(|(d, s)| *d = d.combine(*s, ReduceOp::Prod)),
-            ReduceOp::Max => d.iter_mut().zip(s).for_each(|(d, s)| *d = d.combine(*s, ReduceOp::Max)),
-            ReduceOp::Min => d.iter_mut().zip(s).for_each(|(d, s)| *d = d.combine(*s, ReduceOp::Min)),
+/// The instruction sets a kernel can be compiled for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    Baseline,
+    Avx2,
+    Avx512,
+}
+
+/// The widest instruction set this CPU runs (detected once; the check is a cached load).
+pub fn isa() -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+        {
+            return Isa::Avx512;
         }
-        return;
+        if std::arch::is_x86_feature_detected!("avx2") {
+            return Isa::Avx2;
+        }
     }
-    for (d, s) in dst.chunks_exact_mut(T::SIZE).zip(src.chunks_exact(T::SIZE)) {
-        T::load(d).combine(T::load(s), op).store(d);
+    Isa::Baseline
+}
+
+/// `d[i] = f(d[i], s[i])` for `i < n`: the one loop every kernel is made of.
+///
+/// # Safety
+/// `d` valid for reads and writes and `s` for reads of `n` elements of `T` (any alignment);
+/// they may be equal but not otherwise overlap.
+#[inline(always)]
+unsafe fn zip_apply<T: Copy, F: Fn(T, T) -> T>(d: *mut T, s: *const T, n: usize, f: F) {
+    for i in 0..n {
+        // SAFETY: i < n, within both buffers per the caller.
+        unsafe { d.add(i).write_unaligned(f(d.add(i).read_unaligned(), s.add(i).read_unaligned())) }
+    }
+}
+
+/// The same loop compiled for AVX2.
+///
+/// # Safety
+/// As [`zip_apply`], and the CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn zip_apply_avx2<T: Copy, F: Fn(T, T) -> T>(d: *mut T, s: *const T, n: usize, f: F) {
+    // SAFETY: passed on.
+    unsafe { zip_apply(d, s, n, f) }
+}
+
+/// The same loop compiled for AVX-512 (F, BW, DQ).
+///
+/// # Safety
+/// As [`zip_apply`], and the CPU must have AVX-512 F, BW and DQ.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq")]
+unsafe fn zip_apply_avx512<T: Copy, F: Fn(T, T) -> T>(d: *mut T, s: *const T, n: usize, f: F) {
+    // SAFETY: passed on.
+    unsafe { zip_apply(d, s, n, f) }
+}
+
+/// Runs `f` over `n` element pairs with the widest instruction set available.
+///
+/// # Safety
+/// As [`zip_apply`].
+#[inline(always)]
+unsafe fn zip_dispatch<T: Copy, F: Fn(T, T) -> T>(d: *mut T, s: *const T, n: usize, f: F) {
+    match isa() {
+        // SAFETY: the CPU has the features (checked by `isa`); buffers per the caller.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { zip_apply_avx512(d, s, n, f) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { zip_apply_avx2(d, s, n, f) },
+        // SAFETY: buffers per the caller.
+        _ => unsafe { zip_apply(d, s, n, f) },
+    }
+}
+
+/// `dst op= src` over whole elements of plain (non-16-bit-float) types, one loop per op so that
+/// the op is a constant inside it.
+fn combine_plain<T: Elem>(dst: &mut [u8], src: &[u8], op: ReduceOp) {
+    let n = dst.len().min(src.len()) / T::SIZE;
+    let (d, s) = (dst.as_mut_ptr().cast::<T>(), src.as_ptr().cast::<T>());
+    // SAFETY: `n` whole elements fit in both slices; `dst` is exclusively borrowed so `src`
+    // cannot overlap it; loads and stores are unaligned.
+    unsafe {
+        match op {
+            ReduceOp::Sum | ReduceOp::Avg => zip_dispatch(d, s, n, |a: T, b| a.combine(b, ReduceOp::Sum)),
+            ReduceOp::Prod => zip_dispatch(d, s, n, |a: T, b| a.combine(b, ReduceOp::Prod)),
+            ReduceOp::Max => zip_dispatch(d, s, n, |a: T, b| a.combine(b, ReduceOp::Max)),
+            ReduceOp::Min => zip_dispatch(d, s, n, |a: T, b| a.combine(b, ReduceOp::Min)),
+        }
+    }
+}
+
+/// BF16 bits to f32 (exact).
+#[inline(always)]
+fn bf16_widen(x: u16) -> f32 {
+    f32::from_bits(u32::from(x) << 16)
+}
+
+/// f32 bits to BF16 bits, to nearest even, NaN kept quiet: `half`'s `bf16::from_f32` without
+/// branches (selects), so that it vectorises.
+#[inline(always)]
+fn bf16_round(x: u32) -> u16 {
+    let nan = ((x >> 16) | 0x0040) as u16;
+    let up = (x & 0x8000) != 0 && (x & 0x17fff) != 0;
+    let rounded = ((x >> 16) + u32::from(up)) as u16;
+    if x & 0x7fff_ffff > 0x7f80_0000 {
+        nan
+    } else {
+        rounded
+    }
+}
+
+/// `dst op= src` for BF16 in f32: widen both, combine, round once, in one vectorised loop.
+fn combine_bf16(dst: &mut [u8], src: &[u8], op: ReduceOp) {
+    let n = dst.len().min(src.len()) / 2;
+    let (d, s) = (dst.as_mut_ptr().cast::<u16>(), src.as_ptr().cast::<u16>());
+    let f = |a: u16, b: u16, g: fn(f32, f32) -> f32| bf16_round(g(bf16_widen(a), bf16_widen(b)).to_bits());
+    // SAFETY: `n` whole elements fit in both slices, which cannot overlap (`dst` is exclusive).
+    unsafe {
+        match op {
+            ReduceOp::Sum | ReduceOp::Avg => zip_dispatch(d, s, n, |a, b| f(a, b, |x, y| x + y)),
+            ReduceOp::Prod => zip_dispatch(d, s, n, |a, b| f(a, b, |x, y| x * y)),
+            ReduceOp::Max => zip_dispatch(d, s, n, |a, b| f(a, b, f32::max)),
+            ReduceOp::Min => zip_dispatch(d, s, n, |a, b| f(a, b, f32::min)),
+        }
+    }
+}
+
+/// `dst op= src` for FP16 in f32: with F16C, 8 elements at a time through the conversion
+/// instructions; otherwise (and for the tail) one at a time through `half` (same rounding).
+fn combine_f16(dst: &mut [u8], src: &[u8], op: ReduceOp) {
+    let n = dst.len().min(src.len()) / 2;
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if isa() != Isa::Baseline && std::arch::is_x86_feature_detected!("f16c") {
+        // SAFETY: the CPU has AVX2 and F16C; `n` elements fit in both buffers.
+        done = unsafe { f16c::combine(dst.as_mut_ptr(), src.as_ptr(), n, op) };
+    }
+    scalar_into::<f16>(&mut dst[done * 2..n * 2], &src[done * 2..n * 2], op);
+}
+
+#[cfg(target_arch = "x86_64")]
+mod f16c {
+    use std::arch::x86_64::*;
+
+    use crate::types::ReduceOp;
+
+    /// The loop over whole groups of 8; returns how many elements it combined.
+    ///
+    /// # Safety
+    /// As [`combine`]; only called from there (so compiled with its features).
+    #[inline(always)]
+    unsafe fn run<F: Fn(__m256, __m256) -> __m256>(d: *mut u8, s: *const u8, n: usize, f: F) -> usize {
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: 8 elements (16 bytes) at element i are within both buffers; the caller
+            // runs with AVX2 and F16C.
+            unsafe {
+                let pd = d.add(2 * i).cast::<__m128i>();
+                let a = _mm256_cvtph_ps(_mm_loadu_si128(pd));
+                let b = _mm256_cvtph_ps(_mm_loadu_si128(s.add(2 * i).cast::<__m128i>()));
+                _mm_storeu_si128(pd, _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(f(a, b)));
+            }
+            i += 8;
+        }
+        i
+    }
+
+    /// Combines the first multiple of 8 of `n` FP16 elements in f32; returns how many it did.
+    /// MAX and MIN follow `f32::max` and `f32::min`: a NaN operand yields the other one.
+    ///
+    /// # Safety
+    /// AVX2 and F16C; `d` and `s` valid for `n` 16-bit elements (any alignment), not overlapping.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn combine(d: *mut u8, s: *const u8, n: usize, op: ReduceOp) -> usize {
+        let nan_safe = |r: __m256, a: __m256, b: __m256| {
+            let r = _mm256_blendv_ps(r, b, _mm256_cmp_ps::<_CMP_UNORD_Q>(a, a));
+            _mm256_blendv_ps(r, a, _mm256_cmp_ps::<_CMP_UNORD_Q>(b, b))
+        };
+        // SAFETY: passed on from the caller.
+        unsafe {
+            match op {
+                ReduceOp::Sum | ReduceOp::Avg => run(d, s, n, |a, b| _mm256_add_ps(a, b)),
+                ReduceOp::Prod => run(d, s, n, |a, b| _mm256_mul_ps(a, b)),
+                ReduceOp::Max => run(d, s, n, |a, b| nan_safe(_mm256_max_ps(b, a), a, b)),
+                ReduceOp::Min => run(d, s, n, |a, b| nan_safe(_mm256_min_ps(b, a), a, b)),
+            }
+        }
     }
 }
 
@@ -172,8 +355,33 @@ macro_rules! dispatch {
 /// `dst[i] = dst[i] op src[i]` for every whole element of the shorter buffer. AVG sums here;
 /// [`finish_avg`] divides once at the end.
 pub fn reduce_into(dst: &mut [u8], src: &[u8], dt: DataType, op: ReduceOp) {
+    match dt {
+        DataType::Int8 => combine_plain::<i8>(dst, src, op),
+        DataType::Int16 => combine_plain::<i16>(dst, src, op),
+        DataType::Int32 => combine_plain::<i32>(dst, src, op),
+        DataType::Int64 => combine_plain::<i64>(dst, src, op),
+        DataType::Uint8 => combine_plain::<u8>(dst, src, op),
+        DataType::Uint16 => combine_plain::<u16>(dst, src, op),
+        DataType::Uint32 => combine_plain::<u32>(dst, src, op),
+        DataType::Uint64 => combine_plain::<u64>(dst, src, op),
+        DataType::Fp32 => combine_plain::<f32>(dst, src, op),
+        DataType::Fp64 => combine_plain::<f64>(dst, src, op),
+        DataType::Fp16 => combine_f16(dst, src, op),
+        DataType::Bf16 => combine_bf16(dst, src, op),
+    }
+}
+
+/// The element-at-a-time reference the kernels must match bit for bit (tests and the kernel
+/// benchmark check against it).
+pub fn reduce_into_scalar(dst: &mut [u8], src: &[u8], dt: DataType, op: ReduceOp) {
     let n = dst.len().min(src.len());
-    dispatch!(dt, combine_into(&mut dst[..n], &src[..n], op))
+    dispatch!(dt, scalar_into(&mut dst[..n], &src[..n], op))
+}
+
+fn scalar_into<T: Elem>(dst: &mut [u8], src: &[u8], op: ReduceOp) {
+    for (d, s) in dst.chunks_exact_mut(T::SIZE).zip(src.chunks_exact(T::SIZE)) {
+        T::load(d).combine(T::load(s), op).store(d);
+    }
 }
 
 /// Completes an AVG: divides every element of `buf` by `nranks`.
@@ -230,5 +438,160 @@ mod tests {
         src[3..].copy_from_slice(&bytes_of(&b));
         reduce_into(&mut shifted[1..], &src[3..], DataType::Fp64, ReduceOp::Min);
         assert_eq!(&shifted[1..], &aligned[..]);
+    }
+
+    /// Deterministic bytes with a good share of special float values (NaN, ±inf, ±0, extremes).
+    fn noise(len: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut out = Vec::with_capacity(len);
+        while out.len() < len {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            out.extend_from_slice(&x.to_ne_bytes());
+        }
+        out.truncate(len);
+        out
+    }
+
+    fn specials(dt: DataType) -> Vec<u8> {
+        let mut v = Vec::new();
+        match dt {
+            DataType::Fp32 => {
+                for x in
+                    [f32::NAN, -f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, f32::MAX, f32::MIN_POSITIVE, 1.5]
+                {
+                    v.extend_from_slice(&x.to_ne_bytes());
+                }
+            }
+            DataType::Fp64 => {
+                for x in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0, -0.0, f64::MAX, -2.5] {
+                    v.extend_from_slice(&x.to_ne_bytes());
+                }
+            }
+            DataType::Fp16 => {
+                for x in [
+                    f16::NAN,
+                    f16::INFINITY,
+                    f16::NEG_INFINITY,
+                    f16::ZERO,
+                    f16::NEG_ZERO,
+                    f16::MAX,
+                    f16::from_f32(1e-7),
+                ] {
+                    v.extend_from_slice(&x.to_bits().to_ne_bytes());
+                }
+            }
+            DataType::Bf16 => {
+                for x in [bf16::NAN, bf16::INFINITY, bf16::NEG_INFINITY, bf16::ZERO, bf16::NEG_ZERO, bf16::MAX] {
+                    v.extend_from_slice(&x.to_bits().to_ne_bytes());
+                }
+            }
+            _ => {}
+        }
+        v
+    }
+
+    /// Equal, with every NaN equal to every NaN (payloads may differ between F16C and software).
+    fn same(dt: DataType, a: &[u8], b: &[u8]) -> bool {
+        let es = dt.size();
+        a.len() == b.len()
+            && a.chunks_exact(es).zip(b.chunks_exact(es)).all(|(x, y)| {
+                let nan = |e: &[u8]| match dt {
+                    DataType::Fp32 => f32::load(e).is_nan(),
+                    DataType::Fp64 => f64::load(e).is_nan(),
+                    DataType::Fp16 => f16::load(e).is_nan(),
+                    DataType::Bf16 => bf16::load(e).is_nan(),
+                    _ => false,
+                };
+                x == y || (nan(x) && nan(y))
+            })
+    }
+
+    #[test]
+    fn kernels_match_the_scalar_reference_for_every_type_op_length_and_alignment() {
+        for dt in DataType::ALL {
+            let es = dt.size();
+            for op in ReduceOp::ALL {
+                for (k, len) in (0..70).chain([511, 512, 513, 1025, 4099]).enumerate() {
+                    for (oa, ob) in [(0, 0), (1, 3), (es.min(2), 0)] {
+                        let mut a = noise(len * es + oa, (k * 31 + oa) as u64);
+                        let mut b = noise(len * es + ob, (k * 17 + ob + 7) as u64);
+                        // Sprinkle the special values at the start and the end.
+                        let sp = specials(dt);
+                        for (buf, off) in [(&mut a, oa), (&mut b, ob)] {
+                            let n = sp.len().min(buf.len() - off);
+                            buf[off..off + n].copy_from_slice(&sp[..n]);
+                            let tail = buf.len().saturating_sub(n).max(off);
+                            let m = buf.len() - tail;
+                            buf[tail..].copy_from_slice(&sp[sp.len() - m.min(sp.len())..][..m.min(sp.len())]);
+                        }
+                        let mut want = a[oa..].to_vec();
+                        reduce_into_scalar(&mut want, &b[ob..], dt, op);
+                        reduce_into(&mut a[oa..], &b[ob..], dt, op);
+                        assert!(same(dt, &a[oa..], &want), "{dt:?} {op:?} len {len} offsets {oa},{ob}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_pair_of_special_values_matches_the_reference() {
+        for dt in [DataType::Fp32, DataType::Fp64, DataType::Fp16, DataType::Bf16] {
+            let es = dt.size();
+            let sp = specials(dt);
+            let k = sp.len() / es;
+            // Each special against each special, repeated so the vector loop sees them all.
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for _ in 0..9 {
+                for i in 0..k {
+                    for j in 0..k {
+                        a.extend_from_slice(&sp[i * es..(i + 1) * es]);
+                        b.extend_from_slice(&sp[j * es..(j + 1) * es]);
+                    }
+                }
+            }
+            for op in ReduceOp::ALL {
+                let mut want = a.clone();
+                reduce_into_scalar(&mut want, &b, dt, op);
+                let mut got = a.clone();
+                reduce_into(&mut got, &b, dt, op);
+                let es = dt.size();
+                let bad = (0..got.len() / es).find(|&i| !same(dt, &got[i * es..][..es], &want[i * es..][..es]));
+                assert!(
+                    bad.is_none(),
+                    "{dt:?} {op:?}: element {bad:?}: a {:?} b {:?} got {:?} want {:?}",
+                    bad.map(|i| &a[i * es..][..es]),
+                    bad.map(|i| &b[i * es..][..es]),
+                    bad.map(|i| &got[i * es..][..es]),
+                    bad.map(|i| &want[i * es..][..es])
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn max_and_min_skip_nan_and_order_infinities() {
+        let f = |v: &[f32]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+        let mut d = f(&[f32::NAN, 1.0, f32::NEG_INFINITY, f32::NAN]);
+        reduce_into(&mut d, &f(&[2.0, f32::NAN, 3.0, f32::NAN]), DataType::Fp32, ReduceOp::Max);
+        let got: Vec<f32> = d.chunks_exact(4).map(f32::load).collect();
+        assert_eq!(&got[..3], &[2.0, 1.0, 3.0]);
+        assert!(got[3].is_nan());
+        let mut d = f(&[f32::INFINITY, -0.5]);
+        reduce_into(&mut d, &f(&[f32::NAN, f32::NEG_INFINITY]), DataType::Fp32, ReduceOp::Min);
+        assert_eq!(d, f(&[f32::INFINITY, f32::NEG_INFINITY]));
+    }
+
+    #[test]
+    fn bf16_rounding_matches_half_on_every_upper_half_and_its_neighbours() {
+        for hi in 0..=u16::MAX as u32 {
+            for lo in [0u32, 1, 0x7fff, 0x8000, 0x8001, 0xffff] {
+                let x = (hi << 16) | lo;
+                let want = bf16::from_f32(f32::from_bits(x)).to_bits();
+                assert_eq!(bf16_round(x), want, "{x:#010x}");
+            }
+        }
     }
 }

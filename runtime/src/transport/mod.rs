@@ -238,6 +238,8 @@ pub(crate) struct Net {
     pub inbox: Arc<Inbox>,
     graceful: std::sync::atomic::AtomicBool,
     watchdog: Option<heartbeat::Watchdog>,
+    /// `HCCN_ALGO` of the process, for every communicator over these links.
+    pub algo: crate::collectives::select::AlgoChoice,
 }
 
 impl Net {
@@ -246,7 +248,8 @@ impl Net {
     pub fn new(rank: u32, links: Vec<Option<Arc<dyn Link>>>, inbox: Arc<Inbox>, cfg: &crate::config::Config) -> Net {
         let links = Arc::new(LinkTable::new(links));
         let watchdog = heartbeat::Watchdog::start(links.clone(), inbox.clone(), cfg.heartbeat, cfg.dead_after);
-        Net { rank, links, inbox, graceful: std::sync::atomic::AtomicBool::new(true), watchdog }
+        let graceful = std::sync::atomic::AtomicBool::new(true);
+        Net { rank, links, inbox, graceful, watchdog, algo: cfg.algo }
     }
 
     /// Sends one frame to world rank `dst` (to itself through the inbox).

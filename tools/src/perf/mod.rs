@@ -6,6 +6,7 @@ mod check;
 use std::io::{self, Write};
 use std::time::{Duration, Instant};
 
+use hccn_runtime::collectives::select::AlgoChoice;
 use hccn_runtime::{Communicator, DataType, Op, Ptr, ReduceOp};
 
 use crate::args::{self, Args, UsageError};
@@ -26,12 +27,15 @@ Times one collective over a range of message sizes, like nccl-tests; rank 0 prin
   -n, --iters N        timed iterations per size (default 20)
   -c, --check          verify the results and count wrong elements
   --root R             root of broadcast and reduce (default 0)
+  --algo NAME          allreduce algorithm: auto (the cost model, default: HCCN_ALGO), ring,
+                       rhd, tree, hier; only allreduce has a choice
   -h, --help           this text
 
 The size column is the op's largest buffer: allreduce, broadcast, reduce: count elements;
 allgather: the gathered result; reduce_scatter: the input; alltoall: either buffer. Sizes are
 rounded down to whole elements (times the ranks where the op splits by rank). busbw is algbw
 times 2(n-1)/n for allreduce, (n-1)/n for allgather, reduce_scatter and alltoall, 1 otherwise.
+The header names the algorithm and pipeline chunk the runtime picks for each size.
 Exits 1 when an operation fails or a result is wrong.
 ";
 
@@ -134,6 +138,8 @@ pub struct Options {
     pub iters: u32,
     pub check: bool,
     pub root: u32,
+    /// `--algo`; `None` keeps HCCN_ALGO.
+    pub algo: Option<AlgoChoice>,
 }
 
 impl Default for Options {
@@ -149,6 +155,7 @@ impl Default for Options {
             iters: 20,
             check: false,
             root: 0,
+            algo: None,
         }
     }
 }
@@ -188,6 +195,12 @@ pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
             "-w" | "--warmup" => o.warmup = args::number(&name, &a.value(&name, inline)?)?,
             "-n" | "--iters" => o.iters = args::number(&name, &a.value(&name, inline)?)?,
             "--root" | "-r" => o.root = args::number(&name, &a.value(&name, inline)?)?,
+            "--algo" | "-a" => {
+                let v = a.value(&name, inline)?;
+                o.algo = Some(AlgoChoice::from_name(&v).ok_or_else(|| {
+                    UsageError(format!("{name}: unknown algorithm {v:?} (one of {})", AlgoChoice::names().join(", ")))
+                })?);
+            }
             _ => return Err(UsageError(format!("unknown option {name}"))),
         }
     }
@@ -202,6 +215,9 @@ pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
     }
     if o.step_factor < 2 {
         return Err(UsageError("the step factor must be at least 2".into()));
+    }
+    if o.algo.is_some_and(|a| a != AlgoChoice::Auto) && o.coll != Coll::AllReduce {
+        return Err(UsageError(format!("--algo applies to allreduce only, not {}", o.coll.name())));
     }
     if o.iters == 0 {
         return Err(UsageError("at least one timed iteration (-n) is needed".into()));
@@ -348,7 +364,7 @@ fn header(o: &Options, nranks: u32) -> Vec<String> {
 
 /// Runs the sweep; `Ok(false)` when some result was wrong.
 fn run(o: &Options) -> Result<bool, String> {
-    let comm = crate::join_job()?;
+    let comm = crate::join_job_with(|cfg| cfg.algo = o.algo.unwrap_or(cfg.algo))?;
     let (me, n) = (comm.rank(), comm.size());
     if o.coll.rooted() && o.root >= n {
         return Err(format!("--root {} is not a rank of this {n}-rank job", o.root));
@@ -363,6 +379,12 @@ fn run(o: &Options) -> Result<bool, String> {
     for size in sizes(o.min_bytes, o.max_bytes, o.step_factor) {
         let Some(layout) = o.coll.layout(size, o.dt.size() as u64, n) else { continue };
         let what = format!("{} of {} bytes", o.coll.name(), layout.bytes);
+        let plan = comm.plan(o.coll.name(), layout.bytes as usize).map_err(|e| format!("rank {me}: {what}: {e}"))?;
+        if me == 0 {
+            if let Some((algo, chunk)) = plan {
+                emit(&format!("# {} bytes: algorithm {algo}, chunk {chunk}", layout.bytes));
+            }
+        }
         let mut step = Step::new(o, layout, &checker).map_err(|e| format!("rank {me}: {what}: {e}"))?;
         for _ in 0..o.warmup {
             step.run(o, &comm).map_err(failed(what.clone()))?;
@@ -463,5 +485,9 @@ mod tests {
         assert!(p(&["-n", "0"]).is_err());
         assert!(p(&["stray"]).is_err());
         assert_eq!(p(&["-h"]), Ok(Invocation::Help));
+        let Ok(Invocation::Run(o)) = p(&["--algo", "rhd"]) else { panic!("not parsed") };
+        assert_eq!(o.algo, Some(AlgoChoice::Rhd));
+        assert!(p(&["--algo", "bogus"]).is_err());
+        assert!(p(&["--op", "broadcast", "--algo", "ring"]).is_err(), "only allreduce has a choice");
     }
 }
