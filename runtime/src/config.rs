@@ -29,12 +29,24 @@ pub const VARIABLES: &[Variable] = &[
     Variable { name: "HCCN_HEARTBEAT_MS", default: "`100`", meaning: "Interval of the heartbeat each rank sends on every connection; `0` turns heartbeats (and silence detection) off." },
     Variable { name: "HCCN_DEAD_AFTER_MS", default: "`1000`", meaning: "A peer silent this long (no frame, no heartbeat, nothing waiting in its socket) is declared failed: a frozen process or a cut link. Raise it where ranks may stall longer without being dead (dead versus slow)." },
     Variable { name: "HCCN_TRACE", default: "(off)", meaning: "Directory where each rank writes a Chrome trace-event file `hccn-trace-<job>-<rank>.json` (one event per operation and per transfer); see docs/observability.md." },
+    Variable { name: "HCCN_TRANSPORT", default: "`auto`", meaning: "Data transport between ranks: `auto` (shared memory between ranks on one host, TCP between hosts), `tcp` (TCP everywhere), `shm` (shared memory, and an error if a peer is on another host). TCP always stays for control and failure detection." },
     Variable { name: "HCCN_LOG", default: "`warn`", meaning: "Log filter (`error`, `warn`, `info`, `debug`, `trace`, or tracing's `target=level` list); logs go to stderr." },
 ];
 
 /// Largest frame payload a peer may send; any larger header closes the connection.
 pub const MAX_CHUNK_BYTES: usize = 8 << 20;
 const MIN_CHUNK_BYTES: usize = 4 << 10;
+
+/// Which transport carries data between ranks of one host (`HCCN_TRANSPORT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Transport {
+    /// Shared memory with peers on this host, TCP with the others.
+    #[default]
+    Auto,
+    Tcp,
+    /// Shared memory only: a peer on another host is an error.
+    Shm,
+}
 
 /// Settings that apply to every communicator created by this process.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +65,8 @@ pub struct Config {
     pub job_token: Option<String>,
     /// `HCCN_TRACE`: directory for this process's trace file; `None` records nothing.
     pub trace: Option<std::path::PathBuf>,
+    /// `HCCN_TRANSPORT`.
+    pub transport: Transport,
 }
 
 /// What `hccn_init_from_env` needs in addition to [`Config`].
@@ -79,6 +93,7 @@ impl Default for Config {
             job_id: None,
             job_token: None,
             trace: None,
+            transport: Transport::Auto,
         }
     }
 }
@@ -127,6 +142,14 @@ impl Config {
                 c.dead_after.as_millis(),
                 c.heartbeat.as_millis()
             )));
+        }
+        if let Some(v) = get("HCCN_TRANSPORT") {
+            c.transport = match v.trim() {
+                "auto" | "" => Transport::Auto,
+                "tcp" => Transport::Tcp,
+                "shm" => Transport::Shm,
+                _ => return Err(Error::invalid(format!("HCCN_TRANSPORT={v:?} is not auto, tcp or shm"))),
+            };
         }
         if let Some(v) = get("HCCN_LOG") {
             c.log = v;

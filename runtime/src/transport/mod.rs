@@ -6,9 +6,11 @@
 //! communicator that contains it returns `RankFailed` at once.
 
 mod heartbeat;
+pub(crate) mod shm;
 pub(crate) mod tcp;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -67,6 +69,9 @@ pub(crate) struct Health<'a> {
 pub(crate) struct Inbox {
     state: Mutex<InboxState>,
     changed: Condvar,
+    /// Bumped on every change (a frame queued, a peer failed or left, a revoke, a wake-up), so
+    /// that shared-memory waiters can poll it without taking the lock.
+    generation: AtomicU64,
 }
 
 impl Inbox {
@@ -74,10 +79,57 @@ impl Inbox {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn bump(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Changes whenever anything in the inbox changes.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
     pub fn push(&self, src: u32, frame: Frame) {
         let key = Key { src, kind: frame.hdr.kind, comm_id: frame.hdr.comm_id, seq: frame.hdr.seq };
         self.lock().queues.entry(key).or_default().push_back(frame);
+        self.bump();
         self.changed.notify_all();
+    }
+
+    /// The next frame under `key`, if one is queued.
+    pub fn try_take(&self, key: Key) -> Option<Frame> {
+        let mut st = self.lock();
+        let q = st.queues.get_mut(&key)?;
+        let f = q.pop_front();
+        if q.is_empty() {
+            st.queues.remove(&key);
+        }
+        f
+    }
+
+    /// Why a send to `dst` can never complete, if it cannot.
+    pub fn peer_gone(&self, dst: u32) -> Option<Error> {
+        let st = self.lock();
+        if let Some(reason) = st.failed.get(&dst) {
+            return Some(Error::rank_failed(vec![dst], format!("world rank {dst} failed: {reason}")));
+        }
+        st.departed.contains(&dst).then(|| {
+            Error::new(ErrorKind::Remote, format!("world rank {dst} closed its connection while this rank still sent"))
+        })
+    }
+
+    /// Why a wait for a frame from `src` is over without it (the communicator's error, or `src`
+    /// left), if it is.
+    pub fn ended(&self, src: u32, status: &dyn Fn(&Health<'_>) -> Option<Error>) -> Option<Error> {
+        let st = self.lock();
+        if let Some(e) = status(&Health { failed: &st.failed, revoked: &st.revoked }) {
+            return Some(e);
+        }
+        st.departed.contains(&src).then(|| {
+            Error::new(
+                ErrorKind::Remote,
+                format!("world rank {src} closed its connection while this rank still expected data"),
+            )
+        })
     }
 
     pub fn mark_failed(&self, rank: u32, reason: String) {
@@ -87,16 +139,19 @@ impl Inbox {
             st.failed.insert(rank, reason);
         }
         drop(st);
+        self.bump();
         self.changed.notify_all();
     }
 
     pub fn revoke(&self, comm_id: u64) {
         self.lock().revoked.insert(comm_id);
+        self.bump();
         self.changed.notify_all();
     }
 
     pub fn mark_departed(&self, rank: u32) {
         self.lock().departed.insert(rank);
+        self.bump();
         self.changed.notify_all();
     }
 
@@ -108,7 +163,13 @@ impl Inbox {
     /// Wakes every waiter so it re-checks its communicator's state (abort, revoke).
     pub fn wake_all(&self) {
         let _guard = self.lock();
+        self.bump();
         self.changed.notify_all();
+    }
+
+    /// Why world rank `rank` failed, if it did.
+    pub fn failed_reason(&self, rank: u32) -> Option<String> {
+        self.lock().failed.get(&rank).cloned()
     }
 
     pub fn failed(&self) -> BTreeMap<u32, String> {
@@ -236,6 +297,11 @@ pub(crate) struct Net {
     pub rank: u32,
     pub links: Arc<LinkTable>,
     pub inbox: Arc<Inbox>,
+    /// Shared-memory links to the peers on this host (set up with the mesh; none for joiners).
+    pub shm: shm::Shm,
+    /// Host of each world rank, where known (all of them in a world formed together).
+    pub hosts: Vec<Option<shm::HostId>>,
+    timeout: Duration,
     graceful: std::sync::atomic::AtomicBool,
     watchdog: Option<heartbeat::Watchdog>,
 }
@@ -244,9 +310,70 @@ impl Net {
     /// Joins the links; with a heartbeat interval, a watchdog thread keeps them alive and
     /// declares silent peers failed.
     pub fn new(rank: u32, links: Vec<Option<Arc<dyn Link>>>, inbox: Arc<Inbox>, cfg: &crate::config::Config) -> Net {
+        let n = links.len();
         let links = Arc::new(LinkTable::new(links));
         let watchdog = heartbeat::Watchdog::start(links.clone(), inbox.clone(), cfg.heartbeat, cfg.dead_after);
-        Net { rank, links, inbox, graceful: std::sync::atomic::AtomicBool::new(true), watchdog }
+        let mut hosts = vec![None; n.max(rank as usize + 1)];
+        hosts[rank as usize] = Some(shm::host_id());
+        Net {
+            rank,
+            links,
+            inbox,
+            shm: shm::Shm::default(),
+            hosts,
+            timeout: cfg.timeout,
+            graceful: std::sync::atomic::AtomicBool::new(true),
+            watchdog,
+        }
+    }
+
+    /// The transport that carries data frames to world rank `peer`.
+    pub fn transport(&self, peer: u32) -> &'static str {
+        match peer {
+            p if p == self.rank => "self",
+            p if self.shm.has(p) => "shm",
+            _ => "tcp",
+        }
+    }
+
+    /// Receives the frame `key`: `sink.check` sees its header, then `sink.piece` its payload
+    /// (in order, in pieces that never split an element). Bounded by `timeout`; ends early with
+    /// the error `status` gives (the communicator failed, was aborted or revoked).
+    pub fn recv(
+        &self,
+        key: Key,
+        timeout: Duration,
+        status: &dyn Fn(&Health<'_>) -> Option<Error>,
+        sink: &mut shm::Sink<'_>,
+    ) -> Result<()> {
+        if self.shm.has(key.src) {
+            return self.shm.recv(key, &self.inbox, timeout, status, sink);
+        }
+        let frame = if self.shm.is_empty() {
+            self.inbox.take(key, timeout, status)?
+        } else {
+            // Wait in slices, keeping the shared-memory rings moving meanwhile: a local sender
+            // blocked on a full ring must not wait for this remote frame.
+            let deadline = Instant::now() + timeout;
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match self.inbox.take(key, left.min(Duration::from_millis(2)), status) {
+                    Ok(f) => break f,
+                    Err(e) if e.kind() == ErrorKind::Timeout && !left.is_zero() => self.shm.drain(None, &self.inbox),
+                    Err(e) if e.kind() == ErrorKind::Timeout => {
+                        return Err(Error::timeout(format!(
+                            "no message from world rank {} within {} ms (HCCN_TIMEOUT_MS)",
+                            key.src,
+                            timeout.as_millis()
+                        )))
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        (sink.check)(&frame.hdr)?;
+        (sink.piece)(0, &frame.payload);
+        Ok(())
     }
 
     /// Sends one frame to world rank `dst` (to itself through the inbox).
@@ -256,8 +383,11 @@ impl Net {
             return Ok(());
         }
         let link = self.links.get(dst).ok_or_else(|| Error::internal(format!("no link to world rank {dst}")))?;
-        if let Some(reason) = self.inbox.failed().get(&dst) {
+        if let Some(reason) = self.inbox.failed_reason(dst) {
             return Err(Error::rank_failed(vec![dst], format!("world rank {dst} failed earlier: {reason}")));
+        }
+        if matches!(hdr.kind, FrameKind::Collective | FrameKind::P2p) && self.shm.has(dst) {
+            return self.shm.send(dst, hdr, payload, &self.inbox, self.timeout);
         }
         link.send(hdr, payload).map_err(|e| {
             if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
