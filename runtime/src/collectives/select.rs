@@ -9,7 +9,11 @@ use super::tree::BinomialTree;
 use super::{Algorithm, Ctx, Ptr, Work};
 use crate::types::{DataType, ReduceOp};
 
-pub(crate) fn select(work: &Work, _ctx: &Ctx<'_>) -> &'static dyn Algorithm {
+pub(crate) fn select(work: &Work, ctx: &Ctx<'_>) -> &'static dyn Algorithm {
+    // Several hosts, several ranks on some: hierarchical allreduce (shm inside, TCP between).
+    if matches!(work, Work::Reduce { root: None, .. }) && super::hier::applies(ctx.hosts()) {
+        return &super::hier::Hier;
+    }
     choose(work)
 }
 

@@ -167,6 +167,11 @@ impl Inbox {
         self.changed.notify_all();
     }
 
+    /// True when world rank `rank` closed its side on purpose.
+    pub fn has_departed(&self, rank: u32) -> bool {
+        self.lock().departed.contains(&rank)
+    }
+
     /// Why world rank `rank` failed, if it did.
     pub fn failed_reason(&self, rank: u32) -> Option<String> {
         self.lock().failed.get(&rank).cloned()

@@ -366,8 +366,13 @@ impl Shm {
                 let g = inbox.generation();
                 if g != gen {
                     gen = g;
-                    if let Some(e) = inbox.peer_gone(dst) {
-                        return Err(e);
+                    if let Some(reason) = inbox.failed_reason(dst) {
+                        return Err(Error::rank_failed(vec![dst], format!("world rank {dst} failed: {reason}")));
+                    }
+                    if inbox.has_departed(dst) {
+                        // As over TCP, where the bytes would sit in a socket buffer: the peer
+                        // left on purpose and will read nothing; the rest of the frame is void.
+                        return Ok(());
                     }
                 }
                 let d = *deadline.get_or_insert_with(|| Instant::now() + timeout);
@@ -419,7 +424,7 @@ impl Shm {
                 ended = inbox.ended(key.src, status);
             }
             if let Ok(mut st) = p.rx_state.try_lock() {
-                match self.poll(p, &mut st, key, inbox, deadline, status, sink)? {
+                match self.poll(p, &mut st, key, inbox, deadline, sink)? {
                     Polled::Done => return Ok(()),
                     Polled::Progress => {
                         backoff.reset();
@@ -454,7 +459,6 @@ impl Shm {
     }
 
     /// Looks at `p`'s ring once: delivers `key` if it is next, moves other frames to the inbox.
-    #[allow(clippy::too_many_arguments)]
     fn poll(
         &self,
         p: &ShmPeer,
@@ -462,7 +466,6 @@ impl Shm {
         key: Key,
         inbox: &Inbox,
         deadline: Instant,
-        status: &dyn Fn(&Health<'_>) -> Option<Error>,
         sink: &mut Sink<'_>,
     ) -> Result<Polled> {
         let ring = &p.rx;
@@ -482,7 +485,7 @@ impl Shm {
         let hdr = header(&raw, key.src)?;
         let this = Key { src: key.src, kind: hdr.kind, comm_id: hdr.comm_id, seq: hdr.seq };
         if this != key {
-            st.partial = Some(Partial { hdr, buf: Vec::with_capacity(hdr.len as usize) });
+            // Another wait's frame: into the inbox with it (what has arrived of it, for now).
             fill(ring, st, key.src, inbox)?;
             return Ok(Polled::Progress);
         }
@@ -496,7 +499,9 @@ impl Shm {
         while off < total {
             if ring.head().load(Ordering::Acquire) == t {
                 if backoff.snooze() {
-                    if let Some(e) = inbox.ended(key.src, status) {
+                    // Only the sender's end stops a frame that has begun: leaving it half read
+                    // (for a revoke, say) would put the ring out of step for the next receive.
+                    if let Some(e) = inbox.peer_gone(key.src) {
                         if ring.head().load(Ordering::Acquire) == t {
                             return Err(e);
                         }
