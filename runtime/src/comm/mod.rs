@@ -256,6 +256,16 @@ impl Communicator {
         self.inner.hosts().map(<[u32]>::to_vec)
     }
 
+    /// The host index of `rank` (see [`Communicator::hosts`]).
+    pub fn host_of(&self, rank: u32) -> Option<u32> {
+        self.inner.host_of(rank)
+    }
+
+    /// How many hosts the ranks span (1 when unknown).
+    pub fn host_count(&self) -> usize {
+        self.inner.host_count()
+    }
+
     /// The transport that carries this rank's data to `rank`: `"shm"`, `"tcp"` or `"self"`.
     pub fn transport_to(&self, rank: u32) -> &'static str {
         match self.inner.members.get(rank as usize) {
