@@ -72,6 +72,10 @@ pub(crate) struct Inbox {
     /// Bumped on every change (a frame queued, a peer failed or left, a revoke, a wake-up), so
     /// that shared-memory waiters can poll it without taking the lock.
     generation: AtomicU64,
+    /// Frames queued now.
+    queued: std::sync::atomic::AtomicUsize,
+    /// Bumped on every failure, departure, revoke and wake-up: zero while all is well.
+    troubles: AtomicU64,
 }
 
 impl Inbox {
@@ -83,6 +87,22 @@ impl Inbox {
         self.generation.fetch_add(1, Ordering::SeqCst);
     }
 
+    fn trouble(&self) {
+        self.troubles.fetch_add(1, Ordering::SeqCst);
+        self.bump();
+    }
+
+    /// Zero as long as no peer failed or left and nothing was revoked or woken: waiters may skip
+    /// the health checks that take the lock.
+    pub fn troubles(&self) -> u64 {
+        self.troubles.load(Ordering::SeqCst)
+    }
+
+    /// Frames waiting for their receive.
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::SeqCst)
+    }
+
     /// Changes whenever anything in the inbox changes.
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::SeqCst)
@@ -91,6 +111,7 @@ impl Inbox {
     pub fn push(&self, src: u32, frame: Frame) {
         let key = Key { src, kind: frame.hdr.kind, comm_id: frame.hdr.comm_id, seq: frame.hdr.seq };
         self.lock().queues.entry(key).or_default().push_back(frame);
+        self.queued.fetch_add(1, Ordering::SeqCst);
         self.bump();
         self.changed.notify_all();
     }
@@ -102,6 +123,14 @@ impl Inbox {
         let f = q.pop_front();
         if q.is_empty() {
             st.queues.remove(&key);
+        }
+        self.taken(f)
+    }
+
+    /// Counts a frame out of the queues.
+    fn taken<T>(&self, f: Option<T>) -> Option<T> {
+        if f.is_some() {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
         }
         f
     }
@@ -139,31 +168,40 @@ impl Inbox {
             st.failed.insert(rank, reason);
         }
         drop(st);
-        self.bump();
+        self.trouble();
         self.changed.notify_all();
     }
 
     pub fn revoke(&self, comm_id: u64) {
         self.lock().revoked.insert(comm_id);
-        self.bump();
+        self.trouble();
         self.changed.notify_all();
     }
 
     pub fn mark_departed(&self, rank: u32) {
         self.lock().departed.insert(rank);
-        self.bump();
+        self.trouble();
         self.changed.notify_all();
     }
 
     /// Drops frames queued for a communicator that no longer exists here.
     pub fn purge(&self, comm_id: u64) {
-        self.lock().queues.retain(|k, _| k.comm_id != comm_id);
+        let mut st = self.lock();
+        let mut dropped = 0;
+        st.queues.retain(|k, q| {
+            let keep = k.comm_id != comm_id;
+            if !keep {
+                dropped += q.len();
+            }
+            keep
+        });
+        self.queued.fetch_sub(dropped, Ordering::SeqCst);
     }
 
     /// Wakes every waiter so it re-checks its communicator's state (abort, revoke).
     pub fn wake_all(&self) {
         let _guard = self.lock();
-        self.bump();
+        self.trouble();
         self.changed.notify_all();
     }
 
@@ -220,7 +258,7 @@ impl Inbox {
                 if q.is_empty() {
                     st.queues.remove(&key);
                 }
-                return f.map(|f| (key.src, f));
+                return self.taken(f).map(|f| (key.src, f));
             }
             let now = Instant::now();
             if now >= deadline || st.failed.len() + st.departed.len() != planned_with {
@@ -241,6 +279,7 @@ impl Inbox {
                     if q.is_empty() {
                         st.queues.remove(&key);
                     }
+                    self.queued.fetch_sub(1, Ordering::SeqCst);
                     return Ok(f);
                 }
             }
@@ -387,12 +426,19 @@ impl Net {
             self.inbox.push(dst, Frame { hdr: *hdr, payload: payload.to_vec() });
             return Ok(());
         }
+        let failed =
+            |reason: String| Err(Error::rank_failed(vec![dst], format!("world rank {dst} failed earlier: {reason}")));
+        if matches!(hdr.kind, FrameKind::Collective | FrameKind::P2p) && self.shm.has(dst) {
+            if self.inbox.troubles() != 0 {
+                if let Some(reason) = self.inbox.failed_reason(dst) {
+                    return failed(reason);
+                }
+            }
+            return self.shm.send(dst, hdr, payload, &self.inbox, self.timeout);
+        }
         let link = self.links.get(dst).ok_or_else(|| Error::internal(format!("no link to world rank {dst}")))?;
         if let Some(reason) = self.inbox.failed_reason(dst) {
-            return Err(Error::rank_failed(vec![dst], format!("world rank {dst} failed earlier: {reason}")));
-        }
-        if matches!(hdr.kind, FrameKind::Collective | FrameKind::P2p) && self.shm.has(dst) {
-            return self.shm.send(dst, hdr, payload, &self.inbox, self.timeout);
+            return failed(reason);
         }
         link.send(hdr, payload).map_err(|e| {
             if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {

@@ -40,12 +40,16 @@ const SLOTS: u64 = 16;
 const CTRL: usize = 256;
 const RING_BYTES: usize = CTRL + SLOTS as usize * SLOT_BYTES;
 const SEG_BYTES: usize = 2 * RING_BYTES;
+/// Where a slot header keeps its sequence word (after frame header, length and flags).
+const SEQ_AT: usize = 56;
 /// First piece of a frame (its slot header carries the frame header).
 const FIRST: u8 = 1;
 /// How long a futex sleep lasts before the sleeper looks at health and the inbox again.
 const NAP: Duration = Duration::from_millis(1);
 /// How long a waiter spins before it yields, when every local rank has a core.
 const SPIN: Duration = Duration::from_micros(20);
+/// How often a waiter yields before it sleeps, when the host's ranks outnumber its cores.
+const OVERSUBSCRIBED_YIELDS: u32 = 100;
 const OFFER_MAGIC: u32 = 0x5348_4d31; // "SHM1"
 
 /// Identity of the host this process runs on: boot id, host name, and network and mount
@@ -171,9 +175,10 @@ impl Ring {
     /// Reads slot `n`'s header: the frame header if it is a first piece, the piece length.
     fn piece(&self, n: u64) -> (Option<[u8; HEADER_LEN]>, usize) {
         let p = self.slot(n);
-        let mut head = [0u8; SLOT_HEAD];
-        // SAFETY: the slot was published to us (Acquire on head); we own it until release.
-        unsafe { std::ptr::copy_nonoverlapping(p, head.as_mut_ptr(), SLOT_HEAD) };
+        let mut head = [0u8; SEQ_AT];
+        // SAFETY: the slot was published to us (Acquire on its sequence word or on head); we own
+        // it until release.
+        unsafe { std::ptr::copy_nonoverlapping(p, head.as_mut_ptr(), SEQ_AT) };
         let len = u32::from_le_bytes([head[48], head[49], head[50], head[51]]) as usize;
         let first = head[52] & FIRST != 0;
         let mut h = [0u8; HEADER_LEN];
@@ -187,7 +192,7 @@ impl Ring {
     }
     fn write(&self, n: u64, head: Option<&[u8; HEADER_LEN]>, data: &[u8]) {
         let p = self.slot(n);
-        let mut sh = [0u8; SLOT_HEAD];
+        let mut sh = [0u8; SEQ_AT];
         if let Some(h) = head {
             sh[..HEADER_LEN].copy_from_slice(h);
             sh[52] = FIRST;
@@ -195,9 +200,20 @@ impl Ring {
         sh[48..52].copy_from_slice(&(data.len() as u32).to_le_bytes());
         // SAFETY: the slot is free (tail passed it) and only this producer writes it; data fits.
         unsafe {
-            std::ptr::copy_nonoverlapping(sh.as_ptr(), p, SLOT_HEAD);
+            std::ptr::copy_nonoverlapping(sh.as_ptr(), p, SEQ_AT);
             std::ptr::copy_nonoverlapping(data.as_ptr(), p.add(SLOT_HEAD), data.len());
         }
+        self.seq(n).store(n + 1, Ordering::Release);
+    }
+    /// Slot `n`'s sequence word: `n + 1` once slot `n` is published. A consumer polls this
+    /// (the line it reads next anyway) rather than `head`, one cache miss less per frame.
+    fn seq(&self, n: u64) -> &AtomicU64 {
+        // SAFETY: SEQ_AT is 8-byte aligned inside the slot header (slots are 64-byte aligned).
+        unsafe { AtomicU64::from_ptr(self.slot(n).add(SEQ_AT).cast()) }
+    }
+    /// True when slot `n` has been published (Acquire: its contents are visible).
+    fn ready(&self, n: u64, order: Ordering) -> bool {
+        self.seq(n).load(order) == n + 1
     }
 }
 
@@ -212,20 +228,21 @@ fn futex_wake(word: &AtomicU32) {
     unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
 }
 
-/// Spin (for `spin`), then yield a few times, then sleep. Yielding long is the worst choice on
-/// a loaded machine: each yield can give away a whole time slice to an unrelated process.
+/// Spin (for `spin`), then yield (`yields` times), then sleep. With a core per local rank the
+/// waiter spins and then sleeps: yielding on a machine loaded by other work can give a whole time
+/// slice away. With more local ranks than cores it does not spin but yields, which runs the rank
+/// it waits for when that one shares its core.
 struct Backoff {
     n: u32,
     start: Option<Instant>,
     spin: Duration,
+    yields: u32,
     spinning: bool,
 }
 
-const YIELDS: u32 = 4;
-
 impl Backoff {
-    fn new(spin: Duration) -> Self {
-        Backoff { n: 0, start: None, spin, spinning: !spin.is_zero() }
+    fn new(w: Wait) -> Self {
+        Backoff { n: 0, start: None, spin: w.spin, yields: w.yields, spinning: !w.spin.is_zero() }
     }
     /// True once spinning and yielding are over: the caller should sleep (and drain).
     fn snooze(&mut self) -> bool {
@@ -240,7 +257,7 @@ impl Backoff {
             self.spinning = false;
         }
         self.n = self.n.saturating_add(1);
-        if self.n <= YIELDS {
+        if self.n <= self.yields {
             std::thread::yield_now();
             false
         } else {
@@ -253,8 +270,15 @@ impl Backoff {
         self.spinning = !self.spin.is_zero();
     }
     fn sleeping(&self) -> bool {
-        self.n > YIELDS
+        self.n > self.yields
     }
+}
+
+/// How a waiter waits (see [`Backoff`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct Wait {
+    spin: Duration,
+    yields: u32,
 }
 
 /// A frame being moved into the inbox piece by piece.
@@ -273,7 +297,9 @@ pub(crate) struct ShmPeer {
     _seg: Segment,
     tx: Ring,
     rx: Ring,
-    tx_lock: Mutex<()>,
+    /// Held while writing a frame; holds the last tail seen, so that a producer reads the
+    /// consumer's cache line only when the ring looks full.
+    tx_lock: Mutex<u64>,
     rx_state: Mutex<RxState>,
 }
 
@@ -288,7 +314,7 @@ impl ShmPeer {
         // SAFETY: both rings lie inside the segment (SEG_BYTES = 2 * RING_BYTES).
         let (a, b) = (Ring { base: seg.ptr }, Ring { base: unsafe { seg.ptr.add(RING_BYTES) } });
         let (tx, rx) = if creator { (a, b) } else { (b, a) };
-        ShmPeer { _seg: seg, tx, rx, tx_lock: Mutex::new(()), rx_state: Mutex::new(RxState::default()) }
+        ShmPeer { _seg: seg, tx, rx, tx_lock: Mutex::new(0), rx_state: Mutex::new(RxState::default()) }
     }
 }
 
@@ -302,7 +328,7 @@ pub(crate) struct Sink<'a> {
 #[derive(Default)]
 pub(crate) struct Shm {
     peers: Vec<Option<ShmPeer>>,
-    spin: Duration,
+    wait: Wait,
 }
 
 enum Polled {
@@ -324,8 +350,12 @@ impl Shm {
         let local = 1 + peers.iter().filter(|p| p.is_some()).count();
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         // Spinning only pays when every local rank has a core of its own.
-        let spin = if local <= cores { SPIN } else { Duration::ZERO };
-        Shm { peers, spin }
+        let wait = if local <= cores {
+            Wait { spin: SPIN, yields: 0 }
+        } else {
+            Wait { spin: Duration::ZERO, yields: OVERSUBSCRIBED_YIELDS }
+        };
+        Shm { peers, wait }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -344,15 +374,18 @@ impl Shm {
     pub fn send(&self, dst: u32, hdr: &FrameHeader, payload: &[u8], inbox: &Inbox, timeout: Duration) -> Result<()> {
         let Some(p) = self.peer(dst) else { return Err(Error::internal(format!("no shared memory to {dst}"))) };
         let head = hdr.encode();
-        let _g = p.tx_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut tail = p.tx_lock.lock().unwrap_or_else(|e| e.into_inner());
         let ring = &p.tx;
         let mut n = ring.head().load(Ordering::Relaxed);
         let mut off = 0usize;
         let mut deadline: Option<Instant> = None;
-        let mut backoff = Backoff::new(self.spin);
+        let mut backoff = Backoff::new(self.wait);
         let mut gen = inbox.generation();
         loop {
-            if n - ring.tail().load(Ordering::Acquire) >= SLOTS {
+            if n - *tail >= SLOTS {
+                *tail = ring.tail().load(Ordering::Acquire);
+            }
+            if n - *tail >= SLOTS {
                 // Full: wait for the consumer, and meanwhile keep our own rings moving.
                 if backoff.snooze() {
                     self.drain(None, inbox);
@@ -408,20 +441,24 @@ impl Shm {
         let Some(p) = self.peer(key.src) else { return Err(Error::internal("no shared memory to that rank")) };
         let deadline = Instant::now() + timeout;
         let mut gen = u64::MAX;
-        let mut backoff = Backoff::new(self.spin);
+        let mut backoff = Backoff::new(self.wait);
         let mut ended: Option<Error> = None;
         loop {
             let g = inbox.generation();
             if g != gen {
                 gen = g;
-                if let Some(f) = inbox.try_take(key) {
-                    (sink.check)(&f.hdr)?;
-                    (sink.piece)(0, &f.payload);
-                    return Ok(());
+                if inbox.queued() > 0 {
+                    if let Some(f) = inbox.try_take(key) {
+                        (sink.check)(&f.hdr)?;
+                        (sink.piece)(0, &f.payload);
+                        return Ok(());
+                    }
                 }
                 // Noted now, returned only after one more look at the ring below: what the
                 // peer wrote before it died or left is still delivered.
-                ended = inbox.ended(key.src, status);
+                if inbox.troubles() != 0 {
+                    ended = inbox.ended(key.src, status);
+                }
             }
             if let Ok(mut st) = p.rx_state.try_lock() {
                 match self.poll(p, &mut st, key, inbox, deadline, sink)? {
@@ -448,9 +485,7 @@ impl Shm {
                 let ring = &p.rx;
                 let seen = ring.data_word().load(Ordering::SeqCst);
                 ring.data_sleepers().fetch_add(1, Ordering::SeqCst);
-                if ring.head().load(Ordering::SeqCst) == ring.tail().load(Ordering::Relaxed)
-                    && inbox.generation() == gen
-                {
+                if !ring.ready(ring.tail().load(Ordering::Relaxed), Ordering::SeqCst) && inbox.generation() == gen {
                     futex_wait(ring.data_word(), seen, NAP);
                 }
                 ring.data_sleepers().fetch_sub(1, Ordering::SeqCst);
@@ -477,7 +512,7 @@ impl Shm {
             };
         }
         let mut t = ring.tail().load(Ordering::Relaxed);
-        if ring.head().load(Ordering::Acquire) == t {
+        if !ring.ready(t, Ordering::Acquire) {
             return Ok(Polled::Nothing);
         }
         let (raw, len) = ring.piece(t);
@@ -495,14 +530,14 @@ impl Shm {
         let mut off = len;
         ring.release(t);
         t += 1;
-        let mut backoff = Backoff::new(self.spin);
+        let mut backoff = Backoff::new(self.wait);
         while off < total {
-            if ring.head().load(Ordering::Acquire) == t {
+            if !ring.ready(t, Ordering::Acquire) {
                 if backoff.snooze() {
                     // Only the sender's end stops a frame that has begun: leaving it half read
                     // (for a revoke, say) would put the ring out of step for the next receive.
                     if let Some(e) = inbox.peer_gone(key.src) {
-                        if ring.head().load(Ordering::Acquire) == t {
+                        if !ring.ready(t, Ordering::Acquire) {
                             return Err(e);
                         }
                     }
@@ -511,7 +546,7 @@ impl Shm {
                     }
                     let seen = ring.data_word().load(Ordering::SeqCst);
                     ring.data_sleepers().fetch_add(1, Ordering::SeqCst);
-                    if ring.head().load(Ordering::SeqCst) == t {
+                    if !ring.ready(t, Ordering::SeqCst) {
                         futex_wait(ring.data_word(), seen, NAP);
                     }
                     ring.data_sleepers().fetch_sub(1, Ordering::SeqCst);
