@@ -614,6 +614,11 @@ fn fill(ring: &Ring, st: &mut RxState, src: u32, inbox: &Inbox) -> Result<bool> 
         moved = true;
         if let Some(part) = st.partial.take_if(|p| p.buf.len() >= p.hdr.len as usize) {
             inbox.push(src, Frame { hdr: part.hdr, payload: part.buf });
+            // A thread of ours may sleep on this ring waiting for exactly that frame.
+            ring.data_word().fetch_add(1, Ordering::SeqCst);
+            if ring.data_sleepers().load(Ordering::SeqCst) > 0 {
+                futex_wake(ring.data_word());
+            }
         }
     }
     Ok(moved)
