@@ -219,6 +219,16 @@ mod tests {
     }
 
     #[test]
+    fn transport_choice() {
+        assert_eq!(Config::default().transport, Transport::Auto);
+        for (v, t) in [("auto", Transport::Auto), ("tcp", Transport::Tcp), ("shm", Transport::Shm)] {
+            assert_eq!(Config::from_lookup(lookup(&[("HCCN_TRANSPORT", v)])).map(|c| c.transport).ok(), Some(t));
+        }
+        let e = Config::from_lookup(lookup(&[("HCCN_TRANSPORT", "rdma")])).err().map(|e| e.to_string());
+        assert!(e.is_some_and(|m| m.contains("HCCN_TRANSPORT")));
+    }
+
+    #[test]
     fn launch_env() {
         let env = LaunchEnv::from_lookup(lookup(&[
             ("HCCN_RANK", "1"),

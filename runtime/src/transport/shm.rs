@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use super::{Frame, Health, Inbox, Key};
 use crate::config::{Config, Transport, MAX_CHUNK_BYTES};
 use crate::error::{Error, ErrorKind, Result};
-use crate::wire::{FrameHeader, FrameKind, HEADER_LEN};
+use crate::wire::{self, FrameHeader, FrameKind, HEADER_LEN};
 
 /// Payload bytes per slot; a multiple of 16 so that pieces of a frame never split an element.
 const SLOT_DATA: usize = 64 << 10;
@@ -40,7 +40,11 @@ const SLOTS: u64 = 16;
 const CTRL: usize = 256;
 const RING_BYTES: usize = CTRL + SLOTS as usize * SLOT_BYTES;
 const SEG_BYTES: usize = 2 * RING_BYTES;
-/// Where a slot header keeps its sequence word (after frame header, length and flags).
+/// A slot header (one cache line): the frame header without magic, version and reserved word
+/// (0..38), flags (38), piece length (40..44), a payload of up to `INLINE` bytes (48..56), so
+/// that the smallest frames cost the receiver one cache line, and the sequence word (56..64).
+const INLINE_AT: usize = 48;
+const INLINE: usize = 8;
 const SEQ_AT: usize = 56;
 /// First piece of a frame (its slot header carries the frame header).
 const FIRST: u8 = 1;
@@ -175,33 +179,45 @@ impl Ring {
     /// Reads slot `n`'s header: the frame header if it is a first piece, the piece length.
     fn piece(&self, n: u64) -> (Option<[u8; HEADER_LEN]>, usize) {
         let p = self.slot(n);
-        let mut head = [0u8; SEQ_AT];
+        let mut head = [0u8; INLINE_AT];
         // SAFETY: the slot was published to us (Acquire on its sequence word or on head); we own
         // it until release.
-        unsafe { std::ptr::copy_nonoverlapping(p, head.as_mut_ptr(), SEQ_AT) };
-        let len = u32::from_le_bytes([head[48], head[49], head[50], head[51]]) as usize;
-        let first = head[52] & FIRST != 0;
+        unsafe { std::ptr::copy_nonoverlapping(p, head.as_mut_ptr(), INLINE_AT) };
+        let len = u32::from_le_bytes([head[40], head[41], head[42], head[43]]) as usize;
+        let first = head[38] & FIRST != 0;
+        // Rebuild the wire header: magic and version are implied, the reserved word is zero.
         let mut h = [0u8; HEADER_LEN];
-        h.copy_from_slice(&head[..HEADER_LEN]);
+        h[0..4].copy_from_slice(&wire::MAGIC.to_le_bytes());
+        h[4..6].copy_from_slice(&wire::VERSION.to_le_bytes());
+        h[6..36].copy_from_slice(&head[0..30]);
+        h[40..48].copy_from_slice(&head[30..38]);
         (first.then_some(h), len.min(SLOT_DATA))
     }
-    /// Slot `n`'s payload.
+    /// Slot `n`'s payload: in the header's cache line when it is small enough.
     fn data(&self, n: u64, len: usize) -> &[u8] {
-        // SAFETY: the slot is ours until released (see `piece`); len <= SLOT_DATA.
-        unsafe { std::slice::from_raw_parts(self.slot(n).add(SLOT_HEAD), len) }
+        let at = if len <= INLINE { INLINE_AT } else { SLOT_HEAD };
+        // SAFETY: the slot is ours until released (see `piece`); len <= SLOT_DATA, or <= INLINE
+        // at INLINE_AT, inside the slot header.
+        unsafe { std::slice::from_raw_parts(self.slot(n).add(at), len) }
     }
     fn write(&self, n: u64, head: Option<&[u8; HEADER_LEN]>, data: &[u8]) {
         let p = self.slot(n);
         let mut sh = [0u8; SEQ_AT];
         if let Some(h) = head {
-            sh[..HEADER_LEN].copy_from_slice(h);
-            sh[52] = FIRST;
+            sh[0..30].copy_from_slice(&h[6..36]);
+            sh[30..38].copy_from_slice(&h[40..48]);
+            sh[38] = FIRST;
         }
-        sh[48..52].copy_from_slice(&(data.len() as u32).to_le_bytes());
+        sh[40..44].copy_from_slice(&(data.len() as u32).to_le_bytes());
+        if data.len() <= INLINE {
+            sh[INLINE_AT..INLINE_AT + data.len()].copy_from_slice(data);
+        }
         // SAFETY: the slot is free (tail passed it) and only this producer writes it; data fits.
         unsafe {
             std::ptr::copy_nonoverlapping(sh.as_ptr(), p, SEQ_AT);
-            std::ptr::copy_nonoverlapping(data.as_ptr(), p.add(SLOT_HEAD), data.len());
+            if data.len() > INLINE {
+                std::ptr::copy_nonoverlapping(data.as_ptr(), p.add(SLOT_HEAD), data.len());
+            }
         }
         self.seq(n).store(n + 1, Ordering::Release);
     }
