@@ -243,3 +243,18 @@ fn two_ranks_per_host_allreduce_hierarchically_over_shm_inside_and_tcp_between()
         assert!(!f.contains("\"algorithm\":\"ring\""), "an allreduce that was not hierarchical: {f}");
     }
 }
+
+#[test]
+fn hierarchical_allreduce_is_right_on_uneven_hosts_too() {
+    // Groups of 3 of the 4 ranks leave one host with a single rank: the owners of the one
+    // segment are that rank and one rank of the other host.
+    let mut hosts = Hosts::new("u");
+    let store = hosts.start_etcd();
+    let (a, b) = hosts.run(&store, 2, std::path::Path::new(env!("CARGO_BIN_EXE_hccn-hier")), &[]);
+    assert_eq!((a.code, b.code), (Some(0), Some(0)), "host A: {}\nhost B: {}", a.describe(), b.describe());
+    let all = format!("{}{}", a.stdout, b.stdout);
+    assert!(all.contains("GROUP [0, 1, 2] hosts=Some([0, 0, 1]) wrong=0"), "{all}");
+    assert!(all.contains("GROUP [0, 2, 3] hosts=Some([0, 1, 1]) wrong=0"), "{all}");
+    assert!(all.contains("GROUP [0, 1, 2, 3] hosts=Some([0, 0, 1, 1]) wrong=0"), "{all}");
+    assert!(!all.contains("FAIL"), "{all}");
+}
