@@ -32,6 +32,7 @@ pub const VARIABLES: &[Variable] = &[
     Variable { name: "HCCN_DEAD_AFTER_MS", default: "`800`", meaning: "A peer silent this long (no frame, no heartbeat, nothing waiting in its socket) is declared failed: a frozen process or a cut link. Raise it where ranks may stall longer without being dead (dead versus slow)." },
     Variable { name: "HCCN_LEASE_TTL_S", default: "`2`", meaning: "With an etcd store, each world communicator's membership key lives on a lease of this many seconds, kept alive in the background: a backstop that declares a rank failed when its process dies or freezes, even with heartbeats off (1 .. 3600; etcd may round it up)." },
     Variable { name: "HCCN_TRACE", default: "(off)", meaning: "Directory where each rank writes a Chrome trace-event file `hccn-trace-<job>-<rank>.json` (one event per operation and per transfer); see docs/observability.md." },
+    Variable { name: "HCCN_TRANSPORT", default: "`auto`", meaning: "Data transport between ranks: `auto` (shared memory between ranks on one host, TCP between hosts), `tcp` (TCP everywhere), `shm` (shared memory, and an error if a peer is on another host). TCP always stays for control and failure detection." },
     Variable { name: "HCCN_LOG", default: "`warn`", meaning: "Log filter (`error`, `warn`, `info`, `debug`, `trace`, or tracing's `target=level` list); logs go to stderr." },
     Variable { name: "HCCN_BACKEND", default: "`native`", meaning: "Data path of new communicators: `native` (hccn's TCP runtime) or `hccl` (Huawei HCCL on Ascend NPUs, loaded at run time; see docs/hccl.md)." },
     Variable { name: "HCCN_HCCL_LIB", default: "(search)", meaning: "Path of `libhccl.so` for `HCCN_BACKEND=hccl`; else `$ASCEND_HOME_PATH/lib64`, `$ASCEND_TOOLKIT_HOME/lib64`, then the loader's search path." },
@@ -57,6 +58,17 @@ pub const REDUCE_GBPS: f64 = 8.0;
 /// Largest frame payload a peer may send; any larger header closes the connection.
 pub const MAX_CHUNK_BYTES: usize = 8 << 20;
 const MIN_CHUNK_BYTES: usize = 4 << 10;
+
+/// Which transport carries data between ranks of one host (`HCCN_TRANSPORT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Transport {
+    /// Shared memory with peers on this host, TCP with the others.
+    #[default]
+    Auto,
+    Tcp,
+    /// Shared memory only: a peer on another host is an error.
+    Shm,
+}
 
 /// Settings that apply to every communicator created by this process.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,6 +98,8 @@ pub struct Config {
     pub acl_lib: Option<std::path::PathBuf>,
     /// `HCCN_DEVICE_ID`, else `HCCN_LOCAL_RANK`: the NPU of this process on the HCCL backend.
     pub device_id: Option<i32>,
+    /// `HCCN_TRANSPORT`.
+    pub transport: Transport,
 }
 
 /// Which library moves the data of new communicators.
@@ -128,6 +142,7 @@ impl Default for Config {
             hccl_lib: None,
             acl_lib: None,
             device_id: None,
+            transport: Transport::Auto,
         }
     }
 }
@@ -183,6 +198,14 @@ impl Config {
                 c.dead_after.as_millis(),
                 c.heartbeat.as_millis()
             )));
+        }
+        if let Some(v) = get("HCCN_TRANSPORT") {
+            c.transport = match v.trim() {
+                "auto" | "" => Transport::Auto,
+                "tcp" => Transport::Tcp,
+                "shm" => Transport::Shm,
+                _ => return Err(Error::invalid(format!("HCCN_TRANSPORT={v:?} is not auto, tcp or shm"))),
+            };
         }
         if let Some(v) = get("HCCN_LOG") {
             c.log = v;
@@ -279,6 +302,16 @@ mod tests {
         assert!(e.is_some_and(|m| m.contains("HCCN_BACKEND")));
         let e = LaunchEnv::from_lookup(lookup(&[("HCCN_RANK", "3"), ("HCCN_WORLD_SIZE", "2")]));
         assert!(e.is_err());
+    }
+
+    #[test]
+    fn transport_choice() {
+        assert_eq!(Config::default().transport, Transport::Auto);
+        for (v, t) in [("auto", Transport::Auto), ("tcp", Transport::Tcp), ("shm", Transport::Shm)] {
+            assert_eq!(Config::from_lookup(lookup(&[("HCCN_TRANSPORT", v)])).map(|c| c.transport).ok(), Some(t));
+        }
+        let e = Config::from_lookup(lookup(&[("HCCN_TRANSPORT", "rdma")])).err().map(|e| e.to_string());
+        assert!(e.is_some_and(|m| m.contains("HCCN_TRANSPORT")));
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! hccn-info under hccnrun with 3 ranks on this host: one host row holding every rank, a
-//! measured TCP row per pair, and the runtime's algorithm choice for every operation.
+//! measured shared-memory row per pair, and the runtime's algorithm choice for every operation.
 
 use std::time::Duration;
 
@@ -22,7 +22,7 @@ fn three_ranks_on_one_host() {
     for (i, j) in [(0, 1), (0, 2), (1, 2)] {
         let link = lines.iter().find(|l| l.starts_with(&format!("{i} <-> {j} "))).expect("a row per pair");
         let cols: Vec<&str> = link.split_whitespace().collect();
-        assert_eq!(cols[3], "tcp", "{link}");
+        assert_eq!(cols[3], "shm", "ranks on one host share memory: {link}");
         let lat: f64 = cols[4].parse().expect("latency");
         let bw: f64 = cols[5].parse().expect("bandwidth");
         assert!(lat > 0.0 && lat < 1e6 && bw > 0.0, "{link}");

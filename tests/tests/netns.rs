@@ -82,7 +82,7 @@ impl Hosts {
         program: &std::path::Path,
         args: &[&str],
     ) -> (launch::Outcome, launch::Outcome) {
-        self.run_with(store, per_host, program, args, || {})
+        self.run_with(store, per_host, program, args, &[], || {})
     }
 
     /// Like `run`, calling `meanwhile` on this thread while the job runs.
@@ -92,6 +92,7 @@ impl Hosts {
         per_host: u32,
         program: &std::path::Path,
         args: &[&str],
+        env: &[(&str, &str)],
         meanwhile: impl FnOnce(),
     ) -> (launch::Outcome, launch::Outcome) {
         let node = |ns: String, host: &'static str, addr: &'static str, rank: u32| {
@@ -117,6 +118,7 @@ impl Hosts {
                 .env("HCCN_BIND_ADDR", addr)
                 .env("HCCN_CHUNK_BYTES", "4096")
                 .env("HCCN_TIMEOUT_MS", "3000");
+            cmd.envs(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
             std::thread::spawn(move || launch::run(cmd, Duration::from_secs(180)))
         };
         let a = node(self.a.clone(), "host-a", A_ADDR, 0);
@@ -169,7 +171,7 @@ fn a_cut_link_is_detected_and_only_the_side_with_the_store_rebuilds() {
     let store = hosts.start_etcd();
     let faults = std::path::Path::new(env!("CARGO_BIN_EXE_hccn-faults"));
     let cut_at = std::sync::Mutex::new(0u128);
-    let (a, b) = hosts.run_with(&store, 2, faults, &["partition"], || {
+    let (a, b) = hosts.run_with(&store, 2, faults, &["partition"], &[], || {
         // Let the four ranks meet and train, then cut the cable: no reset, no EOF, just silence.
         std::thread::sleep(Duration::from_millis(2500));
         *cut_at.lock().expect("lock") =
@@ -210,7 +212,7 @@ fn a_cut_link_is_detected_and_only_the_side_with_the_store_rebuilds() {
 
 #[test]
 fn hccnrun_starts_a_job_across_hosts_from_a_host_file() {
-    let hosts = Hosts::new("h");
+    let hosts = Hosts::new("f");
     let dir = std::env::temp_dir().join(format!("hccn-hostfile-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let file = dir.join("hosts");
@@ -230,4 +232,54 @@ fn hccnrun_starts_a_job_across_hosts_from_a_host_file() {
     for r in 0..4 {
         assert!(out.stdout.contains(&format!("[{r}] rank {r} of 4: ")), "{}", out.describe());
     }
+}
+
+#[test]
+fn two_ranks_per_host_allreduce_hierarchically_over_shm_inside_and_tcp_between() {
+    let mut hosts = Hosts::new("h");
+    let store = hosts.start_etcd();
+    let trace = std::env::temp_dir().join(format!("hccn-netns-hier-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&trace);
+    let trace_dir = trace.to_string_lossy().into_owned();
+    let perf = launch::bin("hccn-perf");
+    // Sizes from one element to several chunks per segment, each checked element by element.
+    let args = ["-b", "4", "-e", "256K", "-f", "8", "-c", "-w", "1", "-n", "2"];
+    // Forced: for the smallest sizes the cost model rightly prefers recursive doubling.
+    let env = [("HCCN_TRACE", trace_dir.as_str()), ("HCCN_LOG", "hccn_runtime::transport=info"), ("HCCN_ALGO", "hier")];
+    let (a, b) = hosts.run_with(&store, 2, &perf, &args, &env, || {});
+    let files: Vec<String> = std::fs::read_dir(&trace)
+        .map(|d| d.filter_map(|e| e.ok()).filter_map(|e| std::fs::read_to_string(e.path()).ok()).collect())
+        .unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&trace);
+    assert_eq!((a.code, b.code), (Some(0), Some(0)), "host A: {}\nhost B: {}", a.describe(), b.describe());
+    assert!(a.stdout.contains("Wrong elements       : 0 OK"), "{}", a.describe());
+    // Each rank's data link: shared memory to its neighbour on the same host, TCP across.
+    let all = format!("{}{}{}{}", a.stdout, a.stderr, b.stdout, b.stderr);
+    for (r, p, t) in
+        [(0, 1, "shm"), (1, 0, "shm"), (2, 3, "shm"), (3, 2, "shm"), (0, 2, "tcp"), (1, 3, "tcp"), (3, 0, "tcp")]
+    {
+        let want = format!("data link rank={r} peer={p} transport=\"{t}\"");
+        assert!(all.contains(&want), "no {want:?} in\n{all}");
+    }
+    // Every rank traced its allreduces as run by the hierarchical algorithm.
+    assert_eq!(files.len(), 4, "one trace per rank in {trace_dir}");
+    for f in &files {
+        assert!(f.contains("\"op\":\"allreduce\"") && f.contains("\"algorithm\":\"hier\""), "{f}");
+        assert!(!f.contains("\"algorithm\":\"ring\""), "an allreduce that was not hierarchical: {f}");
+    }
+}
+
+#[test]
+fn hierarchical_allreduce_is_right_on_uneven_hosts_too() {
+    // Groups of 3 of the 4 ranks leave one host with a single rank: the owners of the one
+    // segment are that rank and one rank of the other host.
+    let mut hosts = Hosts::new("u");
+    let store = hosts.start_etcd();
+    let (a, b) = hosts.run(&store, 2, std::path::Path::new(env!("CARGO_BIN_EXE_hccn-hier")), &[]);
+    assert_eq!((a.code, b.code), (Some(0), Some(0)), "host A: {}\nhost B: {}", a.describe(), b.describe());
+    let all = format!("{}{}", a.stdout, b.stdout);
+    assert!(all.contains("GROUP [0, 1, 2] hosts=Some([0, 0, 1]) wrong=0"), "{all}");
+    assert!(all.contains("GROUP [0, 2, 3] hosts=Some([0, 1, 1]) wrong=0"), "{all}");
+    assert!(all.contains("GROUP [0, 1, 2, 3] hosts=Some([0, 0, 1, 1]) wrong=0"), "{all}");
+    assert!(!all.contains("FAIL"), "{all}");
 }

@@ -92,12 +92,15 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-/// (latency µs, bandwidth GB/s) of every pair `i < j`, in pair order, known on every rank: the
+/// Transports as `measure_links` numbers them.
+const TRANSPORTS: [&str; 2] = ["tcp", "shm"];
+
+/// (latency µs, bandwidth GB/s, transport) of every pair `i < j`, in pair order, known on every rank: the
 /// lower rank of each pair measures; a sum over ranks collects the numbers.
 fn measure_links(comm: &Communicator) -> Res<Vec<f64>> {
     let (me, n) = (comm.rank(), comm.size());
     let pairs: Vec<(u32, u32)> = (0..n).flat_map(|i| (i + 1..n).map(move |j| (i, j))).collect();
-    let mut local = vec![0f64; pairs.len() * 2];
+    let mut local = vec![0f64; pairs.len() * 3];
     let mut small = [0u8; 8];
     let mut big = vec![0u8; BW_BYTES];
     for (k, &(i, j)) in pairs.iter().enumerate() {
@@ -111,8 +114,9 @@ fn measure_links(comm: &Communicator) -> Res<Vec<f64>> {
         let lat = median(ping_pong(comm, &mut small, peer, leader, PINGS)?) / 2.0;
         let bw = median(ping_pong(comm, &mut big, peer, leader, BW_REPS)?) / 2.0;
         if leader {
-            local[2 * k] = lat * 1e6;
-            local[2 * k + 1] = BW_BYTES as f64 / bw / 1e9;
+            local[3 * k] = lat * 1e6;
+            local[3 * k + 1] = BW_BYTES as f64 / bw / 1e9;
+            local[3 * k + 2] = TRANSPORTS.iter().position(|t| *t == comm.transport_to(peer)).unwrap_or(0) as f64;
         }
     }
     let mut all = vec![0f64; local.len()];
@@ -149,9 +153,9 @@ pub fn report(hosts: &[String], links: &[f64]) -> Vec<String> {
     out.push(format!("{:<12} {:<10} {:>12} {:>12}", "link", "transport", "latency_us", "GB/s"));
     let pairs = (0..n).flat_map(|i| (i + 1..n).map(move |j| (i, j)));
     for (k, (i, j)) in pairs.enumerate() {
-        // The native backend links every pair of ranks over TCP, on one host or several.
-        let (lat, bw) = (links[2 * k], links[2 * k + 1]);
-        out.push(format!("{:<12} {:<10} {lat:>12.1} {bw:>12.3}", format!("{i} <-> {j}"), "tcp"));
+        let (lat, bw) = (links[3 * k], links[3 * k + 1]);
+        let transport = TRANSPORTS.get(links[3 * k + 2] as usize).copied().unwrap_or("tcp");
+        out.push(format!("{:<12} {:<10} {lat:>12.1} {bw:>12.3}", format!("{i} <-> {j}"), transport));
     }
     out.push(format!("# algorithm per operation and buffer size on {n} ranks (runtime select.rs)"));
     let mut head = format!("{:<22}", "op");
@@ -208,9 +212,10 @@ mod tests {
     #[test]
     fn report_groups_ranks_by_host_and_lists_every_pair() {
         let hosts: Vec<String> = ["a", "b", "a"].iter().map(|s| s.to_string()).collect();
-        let r = report(&hosts, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let r = report(&hosts, &[1.0, 2.0, 1.0, 3.0, 4.0, 0.0, 5.0, 6.0, 0.0]);
         assert!(r.iter().any(|l| l.starts_with("a ") && l.ends_with("2  0,2")), "{r:#?}");
         assert!(r.iter().any(|l| l.starts_with("1 <-> 2") && l.contains("tcp")), "{r:#?}");
+        assert!(r.iter().any(|l| l.starts_with("0 <-> 1") && l.contains("shm")), "{r:#?}");
         assert!(r.iter().any(|l| l.starts_with("allreduce ") && l.contains("ring")), "{r:#?}");
     }
 }

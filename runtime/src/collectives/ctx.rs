@@ -8,6 +8,7 @@ use crate::comm::CommInner;
 use crate::error::{Error, ErrorKind, Result};
 use crate::reduce;
 use crate::trace;
+use crate::transport::shm::Sink;
 use crate::transport::Key;
 use crate::types::{DataType, ReduceOp};
 use crate::wire::{FrameHeader, FrameKind};
@@ -40,12 +41,12 @@ impl<'a> Ctx<'a> {
         self.comm.net.algo
     }
 
-    /// How this rank reaches communicator rank `peer`, for the cost model.
-    pub fn transport_kind(&self, peer: u32) -> super::select::TransportKind {
-        if peer == self.comm.rank {
-            super::select::TransportKind::Local
-        } else {
-            super::select::TransportKind::Tcp
+    /// How ranks of one host reach each other (HCCN_TRANSPORT, the same in every process of a
+    /// job), for the cost model.
+    pub fn intra_kind(&self) -> super::select::TransportKind {
+        match self.comm.net.transport {
+            crate::config::Transport::Tcp => super::select::TransportKind::Tcp,
+            crate::config::Transport::Auto | crate::config::Transport::Shm => super::select::TransportKind::Shm,
         }
     }
 
@@ -134,53 +135,72 @@ impl<'a> Ctx<'a> {
 
     /// Receives the next frame from `from`, which must carry `tag` and exactly `len` bytes.
     pub fn recv(&self, from: u32, tag: u32, len: usize) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(len);
+        self.recv_with(from, tag, len, &mut |_, piece| out.extend_from_slice(piece))?;
+        Ok(out)
+    }
+
+    /// Receives the next frame from `from` (tag `tag`, exactly `len` bytes) and hands it to `f`
+    /// as (offset, bytes) pieces in order; over shared memory the pieces are read in place, and
+    /// they never split an element (every offset is a multiple of 16).
+    pub fn recv_with(&self, from: u32, tag: u32, len: usize, f: &mut dyn FnMut(usize, &[u8])) -> Result<()> {
         let t = trace::start();
-        let r = self.recv_untraced(from, tag, len);
+        let r = self.recv_untraced(from, tag, len, f);
         if t.is_on() && r.is_ok() {
             trace::transfer(t, self.world_rank(), from, self.world(from).unwrap_or(from), len as u64, false);
         }
         r
     }
 
-    fn recv_untraced(&self, from: u32, tag: u32, len: usize) -> Result<Vec<u8>> {
+    fn recv_untraced(&self, from: u32, tag: u32, len: usize, f: &mut dyn FnMut(usize, &[u8])) -> Result<()> {
         let src = self.world(from)?;
         let key = Key { src, kind: self.kind, comm_id: self.comm.id, seq: self.seq };
-        let frame = self
-            .comm
-            .net
-            .inbox
-            .take(key, self.comm.timeout, &|health| self.comm.status(health))
-            .map_err(|e| self.comm.translate(e))?;
-        let h = frame.hdr;
-        if h.epoch != self.comm.epoch {
-            let e = Error::new(
-                ErrorKind::StaleEpoch,
-                format!("rank {from} sent epoch {}, this communicator is at epoch {}", h.epoch, self.comm.epoch),
-            );
-            self.comm.net.refuse(src, e.message());
-            return Err(e);
-        }
-        if h.tag != tag || h.len != len as u64 {
-            let e = Error::new(
-                ErrorKind::Transfer,
-                format!("rank {from} sent tag {} with {} bytes where tag {tag} with {len} bytes was expected; connection closed", h.tag, h.len),
-            );
-            self.comm.net.refuse(src, e.message());
-            return Err(e);
-        }
-        Ok(frame.payload)
+        let epoch = self.comm.epoch;
+        let mut check = |h: &FrameHeader| -> Result<()> {
+            if h.epoch != epoch {
+                let e = Error::new(
+                    ErrorKind::StaleEpoch,
+                    format!("rank {from} sent epoch {}, this communicator is at epoch {epoch}", h.epoch),
+                );
+                self.comm.net.refuse(src, e.message());
+                return Err(e);
+            }
+            if h.tag != tag || h.len != len as u64 {
+                let e = Error::new(
+                    ErrorKind::Transfer,
+                    format!("rank {from} sent tag {} with {} bytes where tag {tag} with {len} bytes was expected; connection closed", h.tag, h.len),
+                );
+                self.comm.net.refuse(src, e.message());
+                return Err(e);
+            }
+            Ok(())
+        };
+        let mut sink = Sink { check: &mut check, piece: f };
+        self.comm.net.recv(key, self.comm.timeout, &|health| self.comm.status(health), &mut sink).map_err(|e| {
+            if matches!(e.kind(), ErrorKind::StaleEpoch | ErrorKind::Transfer) {
+                e
+            } else {
+                self.comm.translate(e)
+            }
+        })
     }
 
     pub fn recv_into(&self, from: u32, tag: u32, dst: &mut [u8]) -> Result<()> {
-        let data = self.recv(from, tag, dst.len())?;
-        dst.copy_from_slice(&data);
-        Ok(())
+        let len = dst.len();
+        self.recv_with(from, tag, len, &mut |off, piece| dst[off..off + piece.len()].copy_from_slice(piece))
     }
 
     pub fn recv_reduce(&self, from: u32, tag: u32, dst: &mut [u8], dt: DataType, op: ReduceOp) -> Result<()> {
-        let data = self.recv(from, tag, dst.len())?;
-        reduce::reduce_into(dst, &data, dt, op);
-        Ok(())
+        let len = dst.len();
+        self.recv_with(from, tag, len, &mut |off, piece| {
+            reduce::reduce_into(&mut dst[off..off + piece.len()], piece, dt, op)
+        })
+    }
+
+    /// Host index (0, 1, ... in order of first appearance) of every rank of the communicator,
+    /// when every member's host is known.
+    pub fn hosts(&self) -> Option<&[u32]> {
+        self.comm.hosts()
     }
 
     pub fn send_chunked(&self, to: u32, tag: u32, data: &[u8]) -> Result<()> {

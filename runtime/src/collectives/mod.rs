@@ -5,6 +5,7 @@
 pub(crate) mod check;
 mod ctx;
 mod dissemination;
+mod hier;
 mod linear;
 mod p2p;
 mod pairwise;

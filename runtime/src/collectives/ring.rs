@@ -80,8 +80,17 @@ fn step(
         if c < k_in {
             let r = ctx.chunk_range(in_.len(), c);
             let dst = &mut buf[in_.start + r.start..in_.start + r.end];
-            let data = ctx.recv(prev, tag, codec.wire_len(dst.len()))?;
-            codec.decode(dst, &data, op);
+            let wire = codec.wire_len(dst.len());
+            // Decode each piece where it lies (in shared memory, for a local peer): a piece
+            // at wire offset `o` covers the working bytes from `o * len / wire`.
+            let len = dst.len();
+            ctx.recv_with(prev, tag, wire, &mut |o, piece| {
+                if piece.is_empty() {
+                    return;
+                }
+                let (a, b) = (o * len / wire, (o + piece.len()) * len / wire);
+                codec.decode(&mut dst[a..b], piece, op);
+            })?;
         }
     }
     Ok(())

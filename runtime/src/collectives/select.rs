@@ -110,6 +110,10 @@ pub struct Model {
     pub inter: Option<LinkCost>,
     /// Hosts the ranks are on (1 when unknown: every link then counts as inter-host).
     pub hosts: u32,
+    /// Ranks on the host with the fewest (the hierarchical algorithm's segments).
+    pub min_per_host: u32,
+    /// The hierarchical algorithm can run: several hosts, more ranks than hosts.
+    pub hier: bool,
     /// Seconds per byte to combine a received buffer into the accumulator.
     pub gamma: f64,
     /// HCCN_CHUNK_BYTES.
@@ -120,28 +124,41 @@ impl Model {
     /// A communicator of `n` ranks whose links are all of `kind`, on one host.
     pub fn uniform(n: u32, kind: TransportKind, max_chunk: usize) -> Model {
         let link = (n > 1).then(|| kind.default_cost());
-        Model { n, intra: None, inter: link, hosts: 1, gamma: 1.0 / (config::REDUCE_GBPS * 1e9), max_chunk }
+        Model {
+            n,
+            intra: None,
+            inter: link,
+            hosts: 1,
+            min_per_host: n,
+            hier: false,
+            gamma: 1.0 / (config::REDUCE_GBPS * 1e9),
+            max_chunk,
+        }
     }
 
-    /// The model of the communicator `ctx` runs on, from the transport to each peer.
-    ///
-    /// Every rank must build the same model (sender and receiver cut the same chunks and run the
-    /// same algorithm). With one transport for all pairs this rank's view is everyone's; once
-    /// kinds differ per pair (shared memory inside a host, TCP between hosts), build `intra`,
-    /// `inter` and `hosts` from the communicator's host layout, which all ranks share, not from
-    /// this rank's own links (a host with a single rank would otherwise see no `intra`).
+    /// The model of the communicator `ctx` runs on. Every rank must build the same model
+    /// (sender and receiver cut the same chunks and run the same algorithm), so it comes from
+    /// what all members share, the host layout and the process-wide HCCN_TRANSPORT, never from
+    /// this rank's own links. Without a layout (a world that admitted joiners) every link
+    /// counts as TCP.
     fn of(ctx: &Ctx<'_>) -> Model {
-        let mut m = Model::uniform(ctx.size(), TransportKind::Local, ctx.max_chunk());
-        m.inter = None;
-        for peer in (0..ctx.size()).filter(|&p| p != ctx.rank()) {
-            let c = ctx.transport_kind(peer).default_cost();
-            let slot = match ctx.transport_kind(peer) {
-                TransportKind::Shm | TransportKind::Local => &mut m.intra,
-                TransportKind::Tcp => &mut m.inter,
-            };
-            *slot = Some(slot.map_or(c, |s| s.worst(c)));
+        let mut m = Model::uniform(ctx.size(), TransportKind::Tcp, ctx.max_chunk());
+        if let Some(hosts) = ctx.hosts() {
+            m.set_layout(hosts, ctx.intra_kind());
         }
         m
+    }
+
+    /// Fills in the host layout: `hosts[r]` is rank r's host index; ranks of one host talk
+    /// over `intra`, hosts over TCP.
+    pub fn set_layout(&mut self, hosts: &[u32], intra: TransportKind) {
+        let count = hosts.iter().max().map_or(1, |h| h + 1);
+        let per_host: Vec<u32> = (0..count).map(|h| hosts.iter().filter(|&&x| x == h).count() as u32).collect();
+        self.hosts = count;
+        self.min_per_host = per_host.iter().copied().min().unwrap_or(1).max(1);
+        self.intra = per_host.iter().any(|&c| c > 1).then(|| intra.default_cost());
+        self.inter = (count > 1).then(|| TransportKind::Tcp.default_cost());
+        self.hier = super::hier::applies(Some(hosts));
     }
 
     /// The link a flat algorithm (one that ignores hosts) is limited by.
@@ -213,19 +230,19 @@ fn tree_allreduce(m: &Model, s: f64) -> Option<f64> {
     Some(2.0 * (levels + chunks - 1.0) * m.flat().msg(c) * levels.max(1.0) + levels * s * m.gamma)
 }
 
-/// The hierarchical slot. The shared-memory work adds `hier.rs` and replaces this with its cost
-/// (intra-host reduce-scatter and allgather over `m.intra`, an inter-host allreduce over
-/// `m.inter` among `m.hosts`); until then no communicator can run it.
-fn hier_allreduce(_m: &Model, _s: f64) -> Option<f64> {
-    None
-}
-
-/// Stands in for `hier.rs` in the candidate list; never chosen (its cost is always `None`).
-struct HierUnavailable;
-impl Algorithm for HierUnavailable {
-    fn name(&self) -> &'static str {
-        "hier"
+/// Hierarchical: with L = the fewest ranks on a host and H hosts, a reduce-scatter and an
+/// allgather inside each host (L-1 exchanges of S/L each, over `intra`) around a ring allreduce
+/// of each S/L segment among the hosts (2(H-1) steps of S/(L·H) over `inter`).
+fn hier_allreduce(m: &Model, s: f64) -> Option<f64> {
+    if !m.hier {
+        return None;
     }
+    let (intra, inter) = (m.intra?, m.inter?);
+    let (l, h) = (f64::from(m.min_per_host), f64::from(m.hosts));
+    let seg = s / l;
+    let local = 2.0 * (l - 1.0) * intra.msg(seg) + (l - 1.0) * seg * m.gamma;
+    let across = 2.0 * (h - 1.0) * inter.msg(seg / h) + (h - 1.0) * seg / h * m.gamma;
+    Some(local + across)
 }
 
 static ALLREDUCE: [Candidate; 5] = [
@@ -233,7 +250,7 @@ static ALLREDUCE: [Candidate; 5] = [
     Candidate { choice: AlgoChoice::Rhd, algo: &RHD, cost: rhd_allreduce },
     Candidate { choice: AlgoChoice::Auto, algo: &RD, cost: rd_allreduce },
     Candidate { choice: AlgoChoice::Tree, algo: &BinomialTree, cost: tree_allreduce },
-    Candidate { choice: AlgoChoice::Hier, algo: &HierUnavailable, cost: hier_allreduce },
+    Candidate { choice: AlgoChoice::Hier, algo: &super::hier::Hier, cost: hier_allreduce },
 ];
 
 /// The algorithm and pipeline chunk of one operation.
@@ -448,5 +465,29 @@ mod tests {
         }
         assert_eq!(AlgoChoice::from_name(" Ring "), Some(AlgoChoice::Ring));
         assert_eq!(AlgoChoice::from_name("nccl"), None);
+    }
+
+    #[test]
+    fn across_hosts_large_allreduces_go_hierarchical_and_one_host_never_does() {
+        let mut two_by_two = tcp(4);
+        two_by_two.set_layout(&[0, 0, 1, 1], TransportKind::Shm);
+        assert_eq!(pick(&two_by_two, 64 << 20).0, "hier");
+        assert_eq!(pick(&two_by_two, 4 << 20).0, "hier");
+        assert_ne!(pick(&two_by_two, 4).0, "hier", "one element: fewer messages across hosts win");
+        let mut one_host = tcp(4);
+        one_host.set_layout(&[0, 0, 0, 0], TransportKind::Shm);
+        assert!(!one_host.hier && one_host.inter.is_none());
+        assert_ne!(pick(&one_host, 64 << 20).0, "hier");
+        // One rank per host: nothing to gain inside a host.
+        let mut spread = tcp(3);
+        spread.set_layout(&[0, 1, 2], TransportKind::Shm);
+        assert!(!spread.hier && spread.intra.is_none());
+        // Uneven hosts still qualify, with as many segments as the smallest host has ranks.
+        let mut uneven = tcp(3);
+        uneven.set_layout(&[0, 0, 1], TransportKind::Shm);
+        assert!(uneven.hier);
+        assert_eq!(uneven.min_per_host, 1);
+        let forced = plan_name("allreduce", 1024, &uneven, AlgoChoice::Hier).ok().flatten().map(|p| p.0);
+        assert_eq!(forced, Some("hier"));
     }
 }

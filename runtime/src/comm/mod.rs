@@ -62,6 +62,8 @@ pub(crate) struct CommInner {
     pub origin: Option<Arc<Origin>>,
     /// This communicator's membership key, on stores with leases.
     member: membership::MemberSlot,
+    /// Host index of each member (see [`CommInner::hosts`]).
+    hosts: Option<Vec<u32>>,
 }
 
 /// A communicator. Clones share it; it lives until the last clone and the last queued
@@ -79,6 +81,24 @@ impl std::fmt::Debug for Communicator {
             .field("size", &self.inner.members.len())
             .finish()
     }
+}
+
+/// Host indices of `members` from the net's host ids (see [`CommInner::hosts`]).
+fn host_layout(net: &Net, members: &[u32]) -> Option<Vec<u32>> {
+    let mut seen: Vec<crate::transport::shm::HostId> = Vec::new();
+    members
+        .iter()
+        .map(|w| {
+            let id = net.hosts.get(*w as usize).copied().flatten()?;
+            Some(match seen.iter().position(|s| *s == id) {
+                Some(i) => i as u32,
+                None => {
+                    seen.push(id);
+                    seen.len() as u32 - 1
+                }
+            })
+        })
+        .collect()
 }
 
 /// A stable 64-bit id from labelled parts.
@@ -103,6 +123,7 @@ impl CommInner {
         chunk_bytes: usize,
     ) -> Self {
         let n = members.len();
+        let hosts = host_layout(&net, &members);
         CommInner {
             net,
             id,
@@ -120,7 +141,26 @@ impl CommInner {
             async_error: Mutex::new(None),
             origin: None,
             member: membership::MemberSlot::default(),
+            hosts,
         }
+    }
+
+    /// The host of every member, as indices 0, 1, ... in order of first appearance (member 0 is
+    /// on host 0), so that every member computes the same layout; `None` when the host of some
+    /// member is unknown here (ranks admitted by a rebuild), in which case every member sees
+    /// `None` too. Algorithms and the cost model may rely on this being identical everywhere.
+    pub fn hosts(&self) -> Option<&[u32]> {
+        self.hosts.as_deref()
+    }
+
+    /// The host index of communicator rank `rank` (see [`CommInner::hosts`]).
+    pub fn host_of(&self, rank: u32) -> Option<u32> {
+        self.hosts.as_ref().and_then(|h| h.get(rank as usize).copied())
+    }
+
+    /// How many hosts the members span (1 when unknown).
+    pub fn host_count(&self) -> usize {
+        self.hosts.as_ref().and_then(|h| h.iter().max()).map_or(1, |m| *m as usize + 1)
     }
 
     pub fn with_origin(mut self, origin: Option<Arc<Origin>>) -> Self {
@@ -215,6 +255,30 @@ impl Communicator {
 
     pub fn id(&self) -> u64 {
         self.inner.id
+    }
+
+    /// The host of every rank, as indices 0, 1, ... in order of first appearance; `None` when
+    /// some member's host is unknown (ranks admitted by a rebuild).
+    pub fn hosts(&self) -> Option<Vec<u32>> {
+        self.inner.hosts().map(<[u32]>::to_vec)
+    }
+
+    /// The host index of `rank` (see [`Communicator::hosts`]).
+    pub fn host_of(&self, rank: u32) -> Option<u32> {
+        self.inner.host_of(rank)
+    }
+
+    /// How many hosts the ranks span (1 when unknown).
+    pub fn host_count(&self) -> usize {
+        self.inner.host_count()
+    }
+
+    /// The transport that carries this rank's data to `rank`: `"shm"`, `"tcp"` or `"self"`.
+    pub fn transport_to(&self, rank: u32) -> &'static str {
+        match self.inner.members.get(rank as usize) {
+            Some(w) => self.inner.net.transport(*w),
+            None => "none",
+        }
     }
 
     /// Members whose process died or became unreachable, in this communicator's ranks.

@@ -6,9 +6,11 @@
 //! communicator that contains it returns `RankFailed` at once.
 
 mod heartbeat;
+pub(crate) mod shm;
 pub(crate) mod tcp;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -67,6 +69,13 @@ pub(crate) struct Health<'a> {
 pub(crate) struct Inbox {
     state: Mutex<InboxState>,
     changed: Condvar,
+    /// Bumped on every change (a frame queued, a peer failed or left, a revoke, a wake-up), so
+    /// that shared-memory waiters can poll it without taking the lock.
+    generation: AtomicU64,
+    /// Frames queued now.
+    queued: std::sync::atomic::AtomicUsize,
+    /// Bumped on every failure, departure, revoke and wake-up: zero while all is well.
+    troubles: AtomicU64,
 }
 
 impl Inbox {
@@ -74,10 +83,82 @@ impl Inbox {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn bump(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn trouble(&self) {
+        self.troubles.fetch_add(1, Ordering::SeqCst);
+        self.bump();
+    }
+
+    /// Zero as long as no peer failed or left and nothing was revoked or woken: waiters may skip
+    /// the health checks that take the lock.
+    pub fn troubles(&self) -> u64 {
+        self.troubles.load(Ordering::SeqCst)
+    }
+
+    /// Frames waiting for their receive.
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::SeqCst)
+    }
+
+    /// Changes whenever anything in the inbox changes.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
     pub fn push(&self, src: u32, frame: Frame) {
         let key = Key { src, kind: frame.hdr.kind, comm_id: frame.hdr.comm_id, seq: frame.hdr.seq };
         self.lock().queues.entry(key).or_default().push_back(frame);
+        self.queued.fetch_add(1, Ordering::SeqCst);
+        self.bump();
         self.changed.notify_all();
+    }
+
+    /// The next frame under `key`, if one is queued.
+    pub fn try_take(&self, key: Key) -> Option<Frame> {
+        let mut st = self.lock();
+        let q = st.queues.get_mut(&key)?;
+        let f = q.pop_front();
+        if q.is_empty() {
+            st.queues.remove(&key);
+        }
+        self.taken(f)
+    }
+
+    /// Counts a frame out of the queues.
+    fn taken<T>(&self, f: Option<T>) -> Option<T> {
+        if f.is_some() {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+        }
+        f
+    }
+
+    /// Why a send to `dst` can never complete, if it cannot.
+    pub fn peer_gone(&self, dst: u32) -> Option<Error> {
+        let st = self.lock();
+        if let Some(reason) = st.failed.get(&dst) {
+            return Some(Error::rank_failed(vec![dst], format!("world rank {dst} failed: {reason}")));
+        }
+        st.departed.contains(&dst).then(|| {
+            Error::new(ErrorKind::Remote, format!("world rank {dst} closed its connection while this rank still sent"))
+        })
+    }
+
+    /// Why a wait for a frame from `src` is over without it (the communicator's error, or `src`
+    /// left), if it is.
+    pub fn ended(&self, src: u32, status: &dyn Fn(&Health<'_>) -> Option<Error>) -> Option<Error> {
+        let st = self.lock();
+        if let Some(e) = status(&Health { failed: &st.failed, revoked: &st.revoked }) {
+            return Some(e);
+        }
+        st.departed.contains(&src).then(|| {
+            Error::new(
+                ErrorKind::Remote,
+                format!("world rank {src} closed its connection while this rank still expected data"),
+            )
+        })
     }
 
     pub fn mark_failed(&self, rank: u32, reason: String) {
@@ -87,28 +168,51 @@ impl Inbox {
             st.failed.insert(rank, reason);
         }
         drop(st);
+        self.trouble();
         self.changed.notify_all();
     }
 
     pub fn revoke(&self, comm_id: u64) {
         self.lock().revoked.insert(comm_id);
+        self.trouble();
         self.changed.notify_all();
     }
 
     pub fn mark_departed(&self, rank: u32) {
         self.lock().departed.insert(rank);
+        self.trouble();
         self.changed.notify_all();
     }
 
     /// Drops frames queued for a communicator that no longer exists here.
     pub fn purge(&self, comm_id: u64) {
-        self.lock().queues.retain(|k, _| k.comm_id != comm_id);
+        let mut st = self.lock();
+        let mut dropped = 0;
+        st.queues.retain(|k, q| {
+            let keep = k.comm_id != comm_id;
+            if !keep {
+                dropped += q.len();
+            }
+            keep
+        });
+        self.queued.fetch_sub(dropped, Ordering::SeqCst);
     }
 
     /// Wakes every waiter so it re-checks its communicator's state (abort, revoke).
     pub fn wake_all(&self) {
         let _guard = self.lock();
+        self.trouble();
         self.changed.notify_all();
+    }
+
+    /// True when world rank `rank` closed its side on purpose.
+    pub fn has_departed(&self, rank: u32) -> bool {
+        self.lock().departed.contains(&rank)
+    }
+
+    /// Why world rank `rank` failed, if it did.
+    pub fn failed_reason(&self, rank: u32) -> Option<String> {
+        self.lock().failed.get(&rank).cloned()
     }
 
     pub fn failed(&self) -> BTreeMap<u32, String> {
@@ -154,7 +258,7 @@ impl Inbox {
                 if q.is_empty() {
                     st.queues.remove(&key);
                 }
-                return f.map(|f| (key.src, f));
+                return self.taken(f).map(|f| (key.src, f));
             }
             let now = Instant::now();
             if now >= deadline || st.failed.len() + st.departed.len() != planned_with {
@@ -175,6 +279,7 @@ impl Inbox {
                     if q.is_empty() {
                         st.queues.remove(&key);
                     }
+                    self.queued.fetch_sub(1, Ordering::SeqCst);
                     return Ok(f);
                 }
             }
@@ -236,20 +341,89 @@ pub(crate) struct Net {
     pub rank: u32,
     pub links: Arc<LinkTable>,
     pub inbox: Arc<Inbox>,
+    /// Shared-memory links to the peers on this host (set up with the mesh; none for joiners).
+    pub shm: shm::Shm,
+    /// Host of each world rank, where known (all of them in a world formed together).
+    pub hosts: Vec<Option<shm::HostId>>,
+    timeout: Duration,
     graceful: std::sync::atomic::AtomicBool,
     watchdog: Option<heartbeat::Watchdog>,
     /// `HCCN_ALGO` of the process, for every communicator over these links.
     pub algo: crate::collectives::select::AlgoChoice,
+    /// `HCCN_TRANSPORT` of the process (the cost model's view of same-host links).
+    pub transport: crate::config::Transport,
 }
 
 impl Net {
     /// Joins the links; with a heartbeat interval, a watchdog thread keeps them alive and
     /// declares silent peers failed.
     pub fn new(rank: u32, links: Vec<Option<Arc<dyn Link>>>, inbox: Arc<Inbox>, cfg: &crate::config::Config) -> Net {
+        let n = links.len();
         let links = Arc::new(LinkTable::new(links));
         let watchdog = heartbeat::Watchdog::start(links.clone(), inbox.clone(), cfg.heartbeat, cfg.dead_after);
-        let graceful = std::sync::atomic::AtomicBool::new(true);
-        Net { rank, links, inbox, graceful, watchdog, algo: cfg.algo }
+        let mut hosts = vec![None; n.max(rank as usize + 1)];
+        hosts[rank as usize] = Some(shm::host_id());
+        Net {
+            rank,
+            links,
+            inbox,
+            shm: shm::Shm::default(),
+            hosts,
+            timeout: cfg.timeout,
+            graceful: std::sync::atomic::AtomicBool::new(true),
+            watchdog,
+            algo: cfg.algo,
+            transport: cfg.transport,
+        }
+    }
+
+    /// The transport that carries data frames to world rank `peer`.
+    pub fn transport(&self, peer: u32) -> &'static str {
+        match peer {
+            p if p == self.rank => "self",
+            p if self.shm.has(p) => "shm",
+            _ => "tcp",
+        }
+    }
+
+    /// Receives the frame `key`: `sink.check` sees its header, then `sink.piece` its payload
+    /// (in order, in pieces that never split an element). Bounded by `timeout`; ends early with
+    /// the error `status` gives (the communicator failed, was aborted or revoked).
+    pub fn recv(
+        &self,
+        key: Key,
+        timeout: Duration,
+        status: &dyn Fn(&Health<'_>) -> Option<Error>,
+        sink: &mut shm::Sink<'_>,
+    ) -> Result<()> {
+        if self.shm.has(key.src) {
+            return self.shm.recv(key, &self.inbox, timeout, status, sink);
+        }
+        let frame = if self.shm.is_empty() {
+            self.inbox.take(key, timeout, status)?
+        } else {
+            // Wait in slices, keeping the shared-memory rings moving meanwhile: a local sender
+            // blocked on a full ring must not wait for this remote frame.
+            let deadline = Instant::now() + timeout;
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match self.inbox.take(key, left.min(Duration::from_millis(2)), status) {
+                    Ok(f) => break f,
+                    Err(e) if e.kind() == ErrorKind::Timeout && !left.is_zero() => self.shm.drain(None, &self.inbox),
+                    Err(e) if e.kind() == ErrorKind::Timeout => {
+                        return Err(Error::timeout(format!(
+                            "no message from world rank {} within {} ms (HCCN_TIMEOUT_MS)",
+                            key.src,
+                            timeout.as_millis()
+                        )))
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        (sink.check)(&frame.hdr)?;
+        (sink.piece)(0, &frame.payload);
+        Ok(())
     }
 
     /// Sends one frame to world rank `dst` (to itself through the inbox).
@@ -258,9 +432,19 @@ impl Net {
             self.inbox.push(dst, Frame { hdr: *hdr, payload: payload.to_vec() });
             return Ok(());
         }
+        let failed =
+            |reason: String| Err(Error::rank_failed(vec![dst], format!("world rank {dst} failed earlier: {reason}")));
+        if matches!(hdr.kind, FrameKind::Collective | FrameKind::P2p) && self.shm.has(dst) {
+            if self.inbox.troubles() != 0 {
+                if let Some(reason) = self.inbox.failed_reason(dst) {
+                    return failed(reason);
+                }
+            }
+            return self.shm.send(dst, hdr, payload, &self.inbox, self.timeout);
+        }
         let link = self.links.get(dst).ok_or_else(|| Error::internal(format!("no link to world rank {dst}")))?;
-        if let Some(reason) = self.inbox.failed().get(&dst) {
-            return Err(Error::rank_failed(vec![dst], format!("world rank {dst} failed earlier: {reason}")));
+        if let Some(reason) = self.inbox.failed_reason(dst) {
+            return failed(reason);
         }
         link.send(hdr, payload).map_err(|e| {
             if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::{Frame, Inbox, Link, Net};
+use super::{shm, Frame, Inbox, Link, Net};
 use crate::auth::{self, Purpose};
 use crate::config::{Config, MAX_CHUNK_BYTES};
 use crate::error::{Error, ErrorKind, Result};
@@ -317,9 +317,26 @@ pub(crate) fn connect_mesh(
         Ok(connected)
     })?;
 
+    // Host ids and shared memory, pair by pair in ascending peer order: every rank goes through
+    // its pairs in the same global order, so the blocking handshakes cannot wait in a cycle.
+    let mut sockets = sockets;
+    sockets.sort_by_key(|(peer, _)| *peer);
+    let mine = shm::host_id();
+    let mut hosts = vec![None; size as usize];
+    hosts[rank as usize] = Some(mine);
+    let mut local: Vec<Option<shm::ShmPeer>> = (0..size).map(|_| None).collect();
+    for (peer, sock) in &mut sockets {
+        let (host, link) = shm::handshake(sock, rank, *peer, mesh, &mine, cfg)?;
+        tracing::info!(rank, peer = *peer, transport = if link.is_some() { "shm" } else { "tcp" }, "data link");
+        hosts[*peer as usize] = Some(host);
+        local[*peer as usize] = link;
+    }
     let mut links: Vec<Option<Arc<dyn Link>>> = (0..size).map(|_| None).collect();
     for (peer, sock) in sockets {
         links[peer as usize] = Some(start_link(sock, peer, &inbox, cfg)?);
     }
-    Ok(Net::new(rank, links, inbox, cfg))
+    let mut net = Net::new(rank, links, inbox, cfg);
+    net.shm = shm::Shm::new(local);
+    net.hosts = hosts;
+    Ok(net)
 }

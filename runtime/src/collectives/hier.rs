@@ -1,0 +1,161 @@
+//! Hierarchical allreduce, for communicators that span several hosts with several ranks on some
+//! of them: the slow links between hosts carry each byte once per host instead of once per rank.
+//!
+//! With `m_h` ranks on host `h` and `S = min_h m_h` segments of the buffer:
+//! 1. intra-host reduce-scatter (over shared memory): local rank `i < S` becomes the owner of
+//!    segment `i` and receives it from every other rank of its host, reducing as it arrives;
+//! 2. inter-host allreduce (over TCP): the owners of segment `i`, one per host, run a pipelined
+//!    ring allreduce of it;
+//! 3. intra-host allgather (over shared memory): each owner sends its reduced segment to every
+//!    other rank of its host.
+//!
+//! Steps 1 and 3 are pairwise exchanges (step k: send to local rank i+k, receive from i-k), chunk
+//! by chunk, so that sends and receives interleave and never wait on a full ring. Bytes per rank:
+//! step 1 sends `(m_h-1)/S * size` at most (`(m-1)/m * size` when hosts are even), step 2
+//! `2(H-1)/H * size/S` between hosts, step 3 the same as step 1.
+
+use std::ops::Range;
+
+use super::ring::Ring;
+use super::{Algorithm, Ctx, ReduceArgs};
+use crate::error::Result;
+use crate::types::{DataType, ReduceOp};
+
+pub(crate) struct Hier;
+
+/// Tags of the three steps (each step's pairwise round adds its round number).
+const TAG_LOCAL_REDUCE: u32 = 0;
+const TAG_ACROSS: u32 = 1 << 16;
+const TAG_LOCAL_GATHER: u32 = 2 << 16;
+
+/// True when hierarchy pays: more than one host, and more ranks than hosts.
+pub(crate) fn applies(hosts: Option<&[u32]>) -> bool {
+    hosts.is_some_and(|h| {
+        let count = h.iter().max().map_or(1, |m| *m as usize + 1);
+        count > 1 && count < h.len()
+    })
+}
+
+/// Splits `bytes` into `n` element-aligned segments, differing by at most one element.
+fn segments(bytes: usize, esize: usize, n: usize) -> Vec<Range<usize>> {
+    let count = bytes / esize;
+    (0..n).map(|i| (i * count / n) * esize..((i + 1) * count / n) * esize).collect()
+}
+
+/// Sends `buf[out.1]` to `out.0` and receives `buf[in_.1]` from `in_.0`, chunk by chunk,
+/// reducing what arrives (`op = Some`) or storing it. The two ranges never overlap.
+fn exchange(
+    ctx: &Ctx<'_>,
+    tag: u32,
+    buf: &mut [u8],
+    out: Option<(u32, Range<usize>)>,
+    in_: Option<(u32, Range<usize>)>,
+    op: Option<(DataType, ReduceOp)>,
+) -> Result<()> {
+    let k_out = out.as_ref().map_or(0, |(_, r)| ctx.nchunks(r.len()));
+    let k_in = in_.as_ref().map_or(0, |(_, r)| ctx.nchunks(r.len()));
+    for c in 0..k_out.max(k_in) {
+        if let Some((to, r)) = out.as_ref().filter(|_| c < k_out) {
+            let part = ctx.chunk_range(r.len(), c);
+            ctx.send(*to, tag, &buf[r.start + part.start..r.start + part.end])?;
+        }
+        if let Some((from, r)) = in_.as_ref().filter(|_| c < k_in) {
+            let part = ctx.chunk_range(r.len(), c);
+            let dst = &mut buf[r.start + part.start..r.start + part.end];
+            match op {
+                Some((dt, op)) => ctx.recv_reduce(*from, tag, dst, dt, op)?,
+                None => ctx.recv_into(*from, tag, dst)?,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Ring allreduce of `buf` among `peers` (communicator ranks; this rank is `peers[pos]`).
+fn ring_among(ctx: &Ctx<'_>, peers: &[u32], pos: usize, buf: &mut [u8], dt: DataType, op: ReduceOp) -> Result<()> {
+    let n = peers.len();
+    if n < 2 {
+        return Ok(());
+    }
+    let (next, prev) = (peers[(pos + 1) % n], peers[(pos + n - 1) % n]);
+    let segs = segments(buf.len(), dt.size(), n);
+    for s in 0..n - 1 {
+        let out = segs[(pos + n - s) % n].clone();
+        let in_ = segs[(pos + 2 * n - s - 1) % n].clone();
+        exchange(ctx, TAG_ACROSS + s as u32, buf, Some((next, out)), Some((prev, in_)), Some((dt, op)))?;
+    }
+    for s in 0..n - 1 {
+        let out = segs[(pos + 1 + n - s) % n].clone();
+        let in_ = segs[(pos + n - s) % n].clone();
+        exchange(ctx, TAG_ACROSS + (n + s) as u32, buf, Some((next, out)), Some((prev, in_)), None)?;
+    }
+    Ok(())
+}
+
+fn allreduce(ctx: &Ctx<'_>, hosts: &[u32], buf: &mut [u8], dt: DataType, op: ReduceOp) -> Result<()> {
+    let me = ctx.rank();
+    let nhosts = hosts.iter().max().map_or(1, |m| *m as usize + 1);
+    let on = |h: u32| -> Vec<u32> { (0..hosts.len() as u32).filter(|r| hosts[*r as usize] == h).collect() };
+    let local = on(hosts[me as usize]);
+    let m = local.len();
+    let i = local.iter().position(|r| *r == me).unwrap_or(0);
+    let owners = (0..nhosts as u32).map(|h| on(h).len()).min().unwrap_or(1).max(1);
+    let segs = segments(buf.len(), dt.size(), owners);
+    // 1. Intra-host reduce-scatter: every local rank sends segment j to local owner j.
+    for k in 1..m {
+        let (to, from) = ((i + k) % m, (i + m - k) % m);
+        let out = (to < owners).then(|| (local[to], segs[to].clone()));
+        let in_ = (i < owners).then(|| (local[from], segs[i].clone()));
+        exchange(ctx, TAG_LOCAL_REDUCE + k as u32, buf, out, in_, Some((dt, op)))?;
+    }
+    // 2. Inter-host allreduce of segment i among its owners, one per host.
+    if i < owners {
+        let peers: Vec<u32> = (0..nhosts as u32).map(|h| on(h)[i]).collect();
+        let pos = hosts[me as usize] as usize;
+        ring_among(ctx, &peers, pos, &mut buf[segs[i].clone()], dt, op)?;
+    }
+    // 3. Intra-host allgather from the owners.
+    for k in 1..m {
+        let (to, from) = ((i + k) % m, (i + m - k) % m);
+        let out = (i < owners).then(|| (local[to], segs[i].clone()));
+        let in_ = (from < owners).then(|| (local[from], segs[from].clone()));
+        exchange(ctx, TAG_LOCAL_GATHER + k as u32, buf, out, in_, None)?;
+    }
+    Ok(())
+}
+
+impl Algorithm for Hier {
+    fn name(&self) -> &'static str {
+        "hier"
+    }
+
+    fn reduce(&self, ctx: &Ctx<'_>, w: &mut ReduceArgs<'_>) -> Result<()> {
+        match ctx.hosts() {
+            Some(hosts) if w.root.is_none() && applies(Some(hosts)) => allreduce(ctx, hosts, w.acc, w.dt, w.op),
+            // Not a layout (or an operation) hierarchy is for: the flat ring does it.
+            _ => Ring.reduce(ctx, w),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn applies_only_to_several_hosts_with_shared_ones() {
+        assert!(!applies(None));
+        assert!(!applies(Some(&[0, 0, 0])), "one host");
+        assert!(!applies(Some(&[0, 1, 2])), "one rank per host");
+        assert!(applies(Some(&[0, 0, 1, 1])));
+        assert!(applies(Some(&[0, 1, 0])), "uneven hosts");
+    }
+
+    #[test]
+    fn segments_cover() {
+        let s = segments(4 * 10, 4, 3);
+        assert_eq!(s.first().map(|r| r.start), Some(0));
+        assert_eq!(s.last().map(|r| r.end), Some(40));
+        assert!(s.iter().all(|r| r.start % 4 == 0 && r.end % 4 == 0));
+    }
+}

@@ -1,0 +1,81 @@
+//! The shared-memory transport between ranks of one host, in real processes: the full matrix
+//! with every data link forced onto shared memory (`HCCN_TRANSPORT=shm`, which fails the job if
+//! any pair cannot share memory), frames far larger than a ring in every traffic pattern, and
+//! `HCCN_TRANSPORT=tcp` turning it off. Failures over shared memory are covered by faults.rs and
+//! recovery.rs, which run over it by default.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use hccn_tests::launch;
+
+const LOG: (&str, &str) = ("HCCN_LOG", "hccn_runtime::transport=info");
+
+/// Asserts that every ordered pair of `n` ranks logged its data link as `transport`.
+fn links_are(out: &launch::Outcome, n: u32, transport: &str) {
+    let all = format!("{}{}", out.stdout, out.stderr);
+    for r in 0..n {
+        for p in (0..n).filter(|p| *p != r) {
+            let want = format!("data link rank={r} peer={p} transport=\"{transport}\"");
+            assert!(all.contains(&want), "no {want:?}: {}", out.describe());
+        }
+    }
+}
+
+#[test]
+fn the_full_matrix_over_shared_memory_with_2_3_4_ranks() {
+    let matrix = PathBuf::from(env!("CARGO_BIN_EXE_hccn-matrix"));
+    for n in [2u32, 3, 4] {
+        let env = [("HCCN_TRANSPORT", "shm"), ("HCCN_CHUNK_BYTES", "4096"), LOG];
+        let out = launch::hccnrun(n, &matrix, &[], &env, Duration::from_secs(300));
+        assert_eq!(out.code, Some(0), "{n} ranks: {}", out.describe());
+        for r in 0..n {
+            assert!(out.stdout.contains(&format!("[{r}] rank {r} of {n}: ")), "{}", out.describe());
+        }
+        assert!(!out.stdout.contains("FAIL"), "{}", out.describe());
+        links_are(&out, n, "shm");
+    }
+}
+
+#[test]
+fn frames_larger_than_a_ring_stream_through_it_in_every_pattern() {
+    // 8 MiB chunks: each frame spans many ring slots (the ring holds 1 MiB), and in allreduce,
+    // alltoall and allgather both ranks of a pair send such frames to each other at once.
+    for n in [2u32, 3] {
+        for op in ["allreduce", "alltoall", "allgather", "reduce_scatter", "broadcast"] {
+            let args = ["--op", op, "-b", "1M", "-e", "16M", "-f", "16", "-c", "-w", "1", "-n", "2"];
+            let env = [("HCCN_TRANSPORT", "shm"), ("HCCN_CHUNK_BYTES", "8388608")];
+            let out = launch::hccnrun(n, &launch::bin("hccn-perf"), &args, &env, Duration::from_secs(120));
+            assert_eq!(out.code, Some(0), "{op} on {n} ranks: {}", out.describe());
+            assert!(out.stdout.contains("Wrong elements       : 0 OK"), "{op} on {n} ranks: {}", out.describe());
+        }
+    }
+}
+
+#[test]
+fn tcp_everywhere_when_asked() {
+    let matrix = PathBuf::from(env!("CARGO_BIN_EXE_hccn-matrix"));
+    let out = launch::hccnrun(3, &matrix, &["--quick"], &[("HCCN_TRANSPORT", "tcp"), LOG], Duration::from_secs(300));
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    assert!(!out.stdout.contains("FAIL"), "{}", out.describe());
+    links_are(&out, 3, "tcp");
+}
+
+#[test]
+fn no_segment_is_left_in_dev_shm() {
+    let before = segments();
+    let out =
+        launch::hccnrun(3, &launch::bin("hccn-perf"), &["-b", "4", "-e", "4", "-n", "1"], &[], Duration::from_secs(60));
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let left: Vec<String> = segments().into_iter().filter(|s| !before.contains(s)).collect();
+    assert!(left.is_empty(), "segments left behind: {left:?}");
+}
+
+/// hccn's segment names in /dev/shm now.
+fn segments() -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else { return Vec::new() };
+    dir.filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("hccn-"))
+        .collect()
+}
