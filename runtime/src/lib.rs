@@ -7,6 +7,8 @@ pub mod comm;
 pub mod config;
 pub mod error;
 pub mod fusion;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod log;
 pub mod reduce;
 pub mod rendezvous;

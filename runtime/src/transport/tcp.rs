@@ -194,12 +194,20 @@ pub(crate) fn start_link(sock: TcpStream, peer: u32, inbox: &Arc<Inbox>, cfg: &C
 }
 
 /// The first bytes after the handshake: which mesh and which rank is calling.
-fn hello(mesh: u64, rank: u32, size: u32) -> [u8; 16] {
+pub(crate) fn hello(mesh: u64, rank: u32, size: u32) -> [u8; 16] {
     let mut b = [0u8; 16];
     b[0..8].copy_from_slice(&mesh.to_le_bytes());
     b[8..12].copy_from_slice(&rank.to_le_bytes());
     b[12..16].copy_from_slice(&size.to_le_bytes());
     b
+}
+
+/// Reads a [`hello`]: mesh, rank, size.
+pub(crate) fn parse_hello(h: &[u8; 16]) -> (u64, u32, u32) {
+    let mesh = u64::from_le_bytes(h[0..8].try_into().unwrap_or_default());
+    let rank = u32::from_le_bytes(h[8..12].try_into().unwrap_or_default());
+    let size = u32::from_le_bytes(h[12..16].try_into().unwrap_or_default());
+    (mesh, rank, size)
 }
 
 pub(crate) fn connect_peer(
@@ -267,9 +275,7 @@ pub(crate) fn accept_peers(
             tracing::warn!(%from, "peer left before saying who it is: {e}");
             continue;
         }
-        let their_mesh = u64::from_le_bytes(h[0..8].try_into().unwrap_or_default());
-        let their_rank = u32::from_le_bytes(h[8..12].try_into().unwrap_or_default());
-        let their_size = u32::from_le_bytes(h[12..16].try_into().unwrap_or_default());
+        let (their_mesh, their_rank, their_size) = parse_hello(&h);
         if their_mesh != mesh
             || their_size != size
             || !from_ranks.contains(&their_rank)
