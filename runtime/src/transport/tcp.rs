@@ -263,7 +263,7 @@ pub(crate) fn accept_peers(
                     tracing::warn!(%from, rank, "refused a second connection claiming the same rank");
                 }
                 Ok(member) => got.push(member),
-                Err(e) => tracing::warn!(%from, "refused a peer connection: {e}"),
+                Err(_) => {} // logged by its handshake thread
             }
         }
         if got.len() >= want {
@@ -293,6 +293,10 @@ pub(crate) fn accept_peers(
         let spawned = std::thread::Builder::new().name("hccn-handshake".into()).spawn(move || {
             let outcome = admit_peer(sock, mesh, range, size, &token, handshake_timeout);
             pending2.fetch_sub(1, Ordering::SeqCst);
+            // Logged here: a refusal may come after the acceptor has its members and is gone.
+            if let Err(e) = &outcome {
+                tracing::warn!(%from, "refused a peer connection: {e}");
+            }
             // The acceptor may have finished (or given up) already: then the socket just closes.
             let _ = tx.send((from, outcome));
         });
