@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# valgrind (the C tests), nightly with Miri, cargo-fuzz.
+bash scripts/setup-hardening.sh
 
 echo "== format"
 cargo fmt --all -- --check
@@ -13,3 +15,5 @@ echo "== build (libhccn.so, libhccn.a, hccnrun, hccn-perf, test programs)"
 cargo build --release --workspace
 echo "== tests"
 cargo test --release --workspace -- --test-threads=2
+echo "== hardening (fuzz briefly, Miri, loom)"
+bash scripts/test-hardening.sh
