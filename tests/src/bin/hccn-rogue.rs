@@ -238,9 +238,16 @@ fn phase2(comm: Communicator, me: u32, store_addr: SocketAddr, token: &[u8], see
                 }
             }
             drop(slow);
-            // Let the store's connection threads see the closed sockets.
-            std::thread::sleep(Duration::from_millis(500));
-            let end = sample(host);
+            // The store's connection threads see the closed sockets and end, however loaded the
+            // machine: wait (up to 20 s) for the descriptors to come back to the warm count.
+            let mut end = sample(host);
+            for _ in 0..80 {
+                if end.1 <= warm.1 {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(250));
+                end = sample(host);
+            }
             println!(
                 "SAMPLE store-host warm_rss_kb={} warm_fds={} end_rss_kb={} end_fds={}",
                 warm.0, warm.1, end.0, end.1
