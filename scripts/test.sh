@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# valgrind (the C tests), nightly with Miri, cargo-fuzz.
+bash scripts/setup-hardening.sh
 
 echo "== format"
 cargo fmt --all -- --check
@@ -16,3 +18,5 @@ bash scripts/setup-frameworks.sh all
 bash scripts/setup-python.sh torch  # /opt/hccn/venvs/torch for tests/tests/python*.rs (reused when present)
 echo "== tests"
 cargo test --release --workspace -- --test-threads=2
+echo "== hardening (fuzz briefly, Miri, loom)"
+bash scripts/test-hardening.sh

@@ -52,9 +52,11 @@ impl<T> Table<T> {
     /// Registers `value`; the returned address is its handle.
     pub fn insert<P>(&self, value: T) -> *mut P {
         let arc = Arc::new(value);
-        let addr = Arc::as_ptr(&arc) as usize;
-        self.with(|m| m.insert(addr, arc));
-        addr as *mut P
+        // The handle keeps the object's provenance (no integer-to-pointer cast); C never
+        // dereferences it and neither does the table, which compares addresses only.
+        let handle = Arc::as_ptr(&arc).cast_mut().cast::<P>();
+        self.with(|m| m.insert(handle as usize, arc));
+        handle
     }
 
     pub fn get<P>(&self, handle: *const P, arg: &str) -> Result<Arc<T>> {
@@ -105,4 +107,48 @@ pub(crate) fn array<T: Copy>(p: *const T, n: usize, arg: &str) -> Result<Vec<T>>
     }
     // SAFETY: non-NULL, and the C caller promises `n` readable elements (API.md).
     Ok(unsafe { std::slice::from_raw_parts(p, n) }.to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Also run under Miri (scripts/test-hardening.sh): the handle table never dereferences a
+    /// handle it did not hand out, and the pointer helpers touch only what they are given.
+    #[test]
+    fn handle_table_refuses_forged_null_and_destroyed_handles() {
+        let t: Table<Vec<u32>> = Table::new("thing");
+        let h: *mut u8 = t.insert(vec![1, 2, 3]);
+        assert_eq!(t.get(h, "h").map(|v| v.len()).ok(), Some(3));
+        let forged = h.wrapping_add(8).cast_const();
+        assert!(t.get(forged, "forged").is_err());
+        assert!(t.get(std::ptr::null::<u8>(), "null").is_err());
+        let kept = t.get(h, "h").expect("live");
+        assert!(t.remove(h, "h").is_ok());
+        assert!(t.get(h, "h").is_err(), "a destroyed handle is refused");
+        assert!(t.remove(h, "h").is_err(), "a double destroy is refused");
+        // An Arc taken before the destroy stays valid for its holder.
+        assert_eq!(kept[2], 3);
+        let seen = std::sync::atomic::AtomicUsize::new(0);
+        let _h2: *mut u8 = t.insert(vec![9]);
+        t.try_for_each(|v| {
+            seen.fetch_add(v.len(), std::sync::atomic::Ordering::SeqCst);
+        });
+        assert_eq!(seen.into_inner(), 1);
+    }
+
+    #[test]
+    fn pointer_helpers() {
+        let src = [5u64, 6, 7];
+        assert_eq!(array(src.as_ptr(), 3, "a").ok(), Some(vec![5, 6, 7]));
+        assert_eq!(array(std::ptr::null::<u64>(), 0, "a").ok(), Some(vec![]));
+        assert!(array(std::ptr::null::<u64>(), 2, "a").is_err());
+        let mut out = 0i32;
+        let p = out_ptr(&mut out as *mut i32, "out").expect("non-null");
+        write(p, 42);
+        assert_eq!(out, 42);
+        assert!(out_ptr(std::ptr::null_mut::<i32>(), "out").is_err());
+        assert_eq!(guard(|| Err(Error::invalid("no"))), 1);
+        assert_eq!(guard(|| panic!("boom")), 4, "a panic becomes HCCN_ERROR_INTERNAL");
+    }
 }

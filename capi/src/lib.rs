@@ -27,6 +27,7 @@ use hccn_runtime::{Config, Result};
 pub(crate) fn config() -> Result<Config> {
     let cfg = Config::from_env()?;
     hccn_runtime::log::init(&cfg);
+    #[cfg(feature = "etcd")]
     hccn_recovery::install();
     Ok(cfg)
 }

@@ -54,6 +54,11 @@ fn io_err(what: &str, e: std::io::Error) -> Error {
 /// Client side: proves knowledge of the token and checks the server's proof.
 pub fn client(stream: &mut TcpStream, token: &[u8], purpose: Purpose, timeout: Duration) -> Result<()> {
     stream.set_read_timeout(Some(timeout)).map_err(|e| io_err("timeout", e))?;
+    client_io(stream, token, purpose)
+}
+
+/// The client's exchange over any byte stream (the fuzz targets drive it from memory).
+pub fn client_io(stream: &mut (impl Read + Write), token: &[u8], purpose: Purpose) -> Result<()> {
     let nonce_c: [u8; NONCE] = random_bytes()?;
     let mut hello = Vec::with_capacity(HELLO.len() + 1 + NONCE);
     hello.extend_from_slice(HELLO);
@@ -78,6 +83,11 @@ pub fn client(stream: &mut TcpStream, token: &[u8], purpose: Purpose, timeout: D
 /// Server side: the connection is usable only when this returns `Ok`.
 pub fn server(stream: &mut TcpStream, token: &[u8], purpose: Purpose, timeout: Duration) -> Result<()> {
     stream.set_read_timeout(Some(timeout)).map_err(|e| io_err("timeout", e))?;
+    server_io(stream, token, purpose)
+}
+
+/// The server's exchange over any byte stream (the fuzz targets drive it from memory).
+pub fn server_io(stream: &mut (impl Read + Write), token: &[u8], purpose: Purpose) -> Result<()> {
     let mut hello = [0u8; HELLO.len() + 1 + NONCE];
     stream.read_exact(&mut hello).map_err(|e| io_err("hello", e))?;
     if &hello[..HELLO.len()] != HELLO || hello[HELLO.len()] != purpose as u8 {

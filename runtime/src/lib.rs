@@ -1,12 +1,15 @@
 //! hccn's engine: communicators over authenticated TCP links, an embedded rendezvous store, the
 //! collective algorithms and host streams. Pure Rust: the C ABI lives in `hccn-capi`.
 
-mod auth;
+#[doc(hidden)]
+pub mod auth;
 pub mod collectives;
 pub mod comm;
 pub mod config;
 pub mod error;
 pub mod fusion;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod log;
 pub mod reduce;
 pub mod rendezvous;

@@ -2,11 +2,72 @@
 //! first error is sticky: later operations on the stream are not run and report it. An event
 //! marks a point in a stream's queue.
 
-use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
-
 use crate::error::{Error, ErrorKind, Result};
+use sync::{mpsc, thread, Arc, Condvar, Mutex, MutexGuard};
+
+/// The synchronisation this module uses: std's, or loom's under `--cfg loom` so that
+/// `cargo test --lib stream` with `RUSTFLAGS="--cfg loom"` model-checks every interleaving.
+#[cfg(not(loom))]
+mod sync {
+    pub(crate) use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
+    pub(crate) use std::thread;
+}
+
+#[cfg(loom)]
+mod sync {
+    pub(crate) use loom::sync::{Arc, Condvar, Mutex, MutexGuard};
+    pub(crate) use loom::thread;
+
+    /// std's channel (a hang-up ends `recv`) from loom's primitives; loom's own mpsc cannot
+    /// report a hang-up, which is how a stream's worker learns to exit.
+    pub(crate) mod mpsc {
+        use super::{Arc, Condvar, Mutex};
+        use std::collections::VecDeque;
+
+        struct Chan<T> {
+            state: Mutex<(VecDeque<T>, usize)>,
+            ready: Condvar,
+        }
+
+        pub(crate) struct Sender<T>(Arc<Chan<T>>);
+        pub(crate) struct Receiver<T>(Arc<Chan<T>>);
+
+        pub(crate) fn channel<T>() -> (Sender<T>, Receiver<T>) {
+            let c = Arc::new(Chan { state: Mutex::new((VecDeque::new(), 1)), ready: Condvar::new() });
+            (Sender(c.clone()), Receiver(c))
+        }
+
+        impl<T> Sender<T> {
+            pub(crate) fn send(&self, v: T) -> Result<(), T> {
+                self.0.state.lock().unwrap_or_else(|p| p.into_inner()).0.push_back(v);
+                self.0.ready.notify_one();
+                Ok(())
+            }
+        }
+
+        impl<T> Drop for Sender<T> {
+            fn drop(&mut self) {
+                self.0.state.lock().unwrap_or_else(|p| p.into_inner()).1 -= 1;
+                self.0.ready.notify_one();
+            }
+        }
+
+        impl<T> Receiver<T> {
+            pub(crate) fn recv(&self) -> Result<T, ()> {
+                let mut g = self.0.state.lock().unwrap_or_else(|p| p.into_inner());
+                loop {
+                    if let Some(v) = g.0.pop_front() {
+                        return Ok(v);
+                    }
+                    if g.1 == 0 {
+                        return Err(());
+                    }
+                    g = self.0.ready.wait(g).unwrap_or_else(|p| p.into_inner());
+                }
+            }
+        }
+    }
+}
 
 pub type Job = Box<dyn FnOnce() -> Result<()> + Send>;
 
@@ -17,13 +78,16 @@ struct Progress {
     error: Option<Error>,
 }
 
-#[derive(Default)]
 struct Shared {
     progress: Mutex<Progress>,
     changed: Condvar,
 }
 
 impl Shared {
+    fn new() -> Self {
+        Shared { progress: Mutex::new(Progress::default()), changed: Condvar::new() }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Progress> {
         self.progress.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -41,7 +105,7 @@ impl Shared {
 pub struct Stream {
     shared: Arc<Shared>,
     tx: Mutex<Option<mpsc::Sender<Job>>>,
-    worker: Mutex<Option<JoinHandle<()>>>,
+    worker: Mutex<Option<thread::JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for Stream {
@@ -53,13 +117,13 @@ impl std::fmt::Debug for Stream {
 
 impl Stream {
     pub fn new() -> Result<Stream> {
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared::new());
         let (tx, rx) = mpsc::channel::<Job>();
         let s2 = shared.clone();
-        let worker = std::thread::Builder::new()
+        let worker = thread::Builder::new()
             .name("hccn-stream".into())
             .spawn(move || {
-                for job in rx {
+                while let Ok(job) = rx.recv() {
                     let failed_before = s2.lock().error.is_some();
                     let result = if failed_before {
                         Ok(())
@@ -121,7 +185,6 @@ impl Drop for Stream {
 }
 
 /// A completion marker: recorded at the current end of a stream's queue.
-#[derive(Default)]
 pub struct Event {
     mark: Mutex<Option<(Arc<Shared>, u64)>>,
 }
@@ -129,6 +192,12 @@ pub struct Event {
 impl std::fmt::Debug for Event {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Event").field("recorded", &self.mark.lock().map(|m| m.is_some()).unwrap_or(false)).finish()
+    }
+}
+
+impl Default for Event {
+    fn default() -> Self {
+        Event { mark: Mutex::new(None) }
     }
 }
 
@@ -166,7 +235,7 @@ impl Event {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU32, Ordering};
@@ -201,5 +270,79 @@ mod tests {
         assert_eq!(ran.load(Ordering::SeqCst), 0, "work after an error is not run");
         assert!(s.query().is_err());
         assert!(s.enqueue(Box::new(|| Ok(()))).is_err());
+    }
+}
+
+/// Model checks of the stream/event protocol (every interleaving loom finds, within its bounds):
+/// `RUSTFLAGS="--cfg loom" cargo test -p hccn-runtime --lib --release stream::loom_tests`
+/// (scripts/test-hardening.sh).
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use loom::sync::atomic::{AtomicUsize, Ordering};
+
+    fn counting(n: &Arc<AtomicUsize>) -> Job {
+        let n = n.clone();
+        Box::new(move || {
+            n.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        })
+    }
+
+    #[test]
+    fn synchronize_returns_after_all_queued_work() {
+        loom::model(|| {
+            let s = Stream::new().expect("stream");
+            let ran = Arc::new(AtomicUsize::new(0));
+            s.enqueue(counting(&ran)).expect("enqueue");
+            s.enqueue(counting(&ran)).expect("enqueue");
+            assert!(s.synchronize().is_ok());
+            assert_eq!(ran.load(Ordering::SeqCst), 2);
+            assert_eq!(s.query().ok(), Some(true));
+        });
+    }
+
+    #[test]
+    fn an_event_waited_on_another_thread_sees_its_work_done() {
+        loom::model(|| {
+            let s = Stream::new().expect("stream");
+            let ran = Arc::new(AtomicUsize::new(0));
+            s.enqueue(counting(&ran)).expect("enqueue");
+            let ev = Arc::new(Event::new());
+            ev.record(Some(&s));
+            let (ev2, ran2) = (ev.clone(), ran.clone());
+            let waiter = thread::spawn(move || {
+                // Whatever the interleaving: a query never reports done before the work ran.
+                if ev2.query().ok() == Some(true) {
+                    assert!(ran2.load(Ordering::SeqCst) >= 1);
+                }
+                assert!(ev2.synchronize().is_ok());
+                // The marked job ran; the one queued after the record may have too.
+                assert!(ran2.load(Ordering::SeqCst) >= 1);
+            });
+            // Work queued after the record is not part of the event.
+            s.enqueue(counting(&ran)).expect("enqueue");
+            waiter.join().expect("waiter");
+            drop(s);
+            assert_eq!(ran.load(Ordering::SeqCst), 2, "dropping a stream finishes its queue");
+        });
+    }
+
+    #[test]
+    fn the_first_error_sticks_and_reaches_events() {
+        loom::model(|| {
+            let s = Stream::new().expect("stream");
+            let ran = Arc::new(AtomicUsize::new(0));
+            s.enqueue(Box::new(|| Err(Error::timeout("first")))).expect("enqueue");
+            let ev = Event::new();
+            ev.record(Some(&s));
+            // Queued before or after the worker fails: it never runs.
+            let _ = s.enqueue(counting(&ran));
+            assert_eq!(ev.synchronize().err().map(|e| e.kind()), Some(ErrorKind::Timeout));
+            assert_eq!(s.synchronize().err().map(|e| e.kind()), Some(ErrorKind::Timeout));
+            assert!(s.enqueue(counting(&ran)).is_err());
+            drop(s);
+            assert_eq!(ran.load(Ordering::SeqCst), 0);
+        });
     }
 }

@@ -1,6 +1,7 @@
 //! C programs against the installed C ABI: `tests/c/contract.c` is compiled with gcc (ASan and
 //! UBSan on) against `include/hccn.h` and `target/release/libhccn.so`, then run under
-//! `target/release/hccnrun` with 3 and 4 ranks.
+//! `target/release/hccnrun` with 3 and 4 ranks; and again built without sanitizers, every rank
+//! under valgrind memcheck (scripts/setup-hardening.sh installs valgrind).
 //!
 //! Needs the release build first: `cargo build --release` (the library and the launcher).
 
@@ -11,6 +12,16 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Valgrind memcheck: any error, or memory definitely lost, fails the rank with this code.
+const VALGRIND: &[&str] = &[
+    "valgrind",
+    "-q",
+    "--error-exitcode=99",
+    "--leak-check=full",
+    "--errors-for-leak-kinds=definite",
+    "--show-leak-kinds=definite",
+];
 
 /// Hard limit for one `hccnrun -n N ./contract` run.
 const RUN_TIMEOUT: Duration = Duration::from_secs(240);
@@ -76,12 +87,27 @@ fn run_under_hccnrun(
     release: &Path,
     env: &[(&str, String)],
 ) -> RunResult {
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    run_wrapped(hccnrun, ranks, &[], program, dir, release, &env)
+}
+
+/// As [`run_under_hccnrun`], each rank started as `wrapper... program` with `env` added.
+fn run_wrapped(
+    hccnrun: &Path,
+    ranks: u32,
+    wrapper: &[&str],
+    program: &Path,
+    dir: &Path,
+    release: &Path,
+    env: &[(&str, &str)],
+) -> RunResult {
     let start = Instant::now();
     let mut child = Command::new(hccnrun)
-        .envs(env.iter().map(|(k, v)| (k, v)))
         .arg("-n")
         .arg(ranks.to_string())
+        .args(wrapper)
         .arg(program)
+        .envs(env.iter().copied())
         .current_dir(dir)
         // `cargo test` puts target/debug and target/debug/deps on LD_LIBRARY_PATH, which the
         // linker's RUNPATH does not override: without this the program would load a (possibly
@@ -226,5 +252,56 @@ fn contract(env: &[(&str, String)]) {
         let _ = std::fs::remove_dir_all(&dir);
     } else {
         panic!("the C contract program failed (binary kept in {}):\n{}", dir.display(), failures.join("\n"));
+    }
+}
+
+#[test]
+fn c_contract_program_under_valgrind() {
+    let root = workspace_root();
+    let release = target_release(&root);
+    let (lib, hccnrun) = (release.join("libhccn.so"), release.join("hccnrun"));
+    for need in [&lib, &hccnrun] {
+        assert!(need.exists(), "{} is missing: run `cargo build --release` first", need.display());
+    }
+    let have_valgrind = Command::new("valgrind").arg("--version").output().map(|o| o.status.success());
+    assert!(
+        have_valgrind.unwrap_or(false),
+        "valgrind is missing: scripts/setup-hardening.sh installs it (scripts/test.sh runs it)"
+    );
+    let dir = unique_temp_dir();
+    let program = dir.join("contract-plain");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "gcc".to_string());
+    // Valgrind cannot run ASan binaries: a plain build with debug information for its reports.
+    let compile = Command::new(&cc)
+        .current_dir(&root)
+        .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-g", "-O1"])
+        .arg(format!("-I{}", root.join("include").display()))
+        .arg(root.join("tests").join("c").join("contract.c"))
+        .arg(format!("-L{}", release.display()))
+        .arg("-lhccn")
+        .arg(format!("-Wl,-rpath,{}", release.display()))
+        .arg("-o")
+        .arg(&program)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the C compiler `{cc}`: {e}"));
+    assert!(compile.status.success(), "compiling failed:\n{}", String::from_utf8_lossy(&compile.stderr));
+    // Valgrind slows every rank down many times: give silence detection room (dead vs slow).
+    let env = [("HCCN_HEARTBEAT_MS", "500"), ("HCCN_DEAD_AFTER_MS", "20000")];
+    let run = run_wrapped(&hccnrun, 3, VALGRIND, &program, &dir, &release, &env);
+    let ok = run.status.is_some_and(|s| s.success())
+        && run.output.contains("contract:")
+        && !run.output.contains("FAIL")
+        && !run.output.contains("==");
+    if ok {
+        eprintln!("valgrind hccnrun -n 3 contract: clean in {:.1}s", run.elapsed.as_secs_f64());
+        let _ = std::fs::remove_dir_all(&dir);
+    } else {
+        panic!(
+            "the C contract program under valgrind failed ({:?}, {:.1}s; binary kept in {}):\n{}",
+            run.status,
+            run.elapsed.as_secs_f64(),
+            dir.display(),
+            run.output
+        );
     }
 }

@@ -595,6 +595,8 @@ enum Hosted {
 pub fn run(o: &Options) -> Result<i32, String> {
     let started = Instant::now();
     let cfg = Config::from_env().map_err(|e| e.to_string())?;
+    // The embedded store logs what it refuses (HCCN_LOG, to hccnrun's stderr).
+    hccn_runtime::log::init(&cfg);
     // Ranks read the token as a string and use its bytes, so the store gets the same bytes. A
     // job on several hosts shares one token (and job id) through the environment.
     let token = match cfg.job_token.clone() {

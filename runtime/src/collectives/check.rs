@@ -242,6 +242,15 @@ pub(crate) fn validate(op: &Op, shape: &Shape, p2p_seq: &mut dyn FnMut(bool, u32
         Op::AllToAllV { send, send_counts, send_displs, recv, recv_counts, recv_displs, dt } => {
             let sb = blocks(send_counts, send_displs, *dt, size, "send", name)?;
             let rb = blocks(recv_counts, recv_displs, *dt, size, "recv", name)?;
+            // A rank's block to itself is copied locally: the two counts must agree here, since
+            // no peer's length check will catch it (found by fuzz/fuzz_targets/capi.rs).
+            let me = rank as usize;
+            if send_counts[me] != recv_counts[me] {
+                return Err(Error::invalid(format!(
+                    "{name}: sendcounts[{rank}] = {} differs from recvcounts[{rank}] = {} (this rank's block to itself)",
+                    send_counts[me], recv_counts[me]
+                )));
+            }
             need(*send, span(&sb), "sendbuf", name)?;
             need(*recv, span(&rb), "recvbuf", name)?;
             let (s, r) = (range(*send, span(&sb), "sendbuf", name)?, range(*recv, span(&rb), "recvbuf", name)?);
@@ -354,6 +363,23 @@ mod tests {
         for (i, (op, rank, want)) in cases.into_iter().enumerate() {
             assert_eq!(check(op.clone(), rank, 4).err(), Some(want), "case {i}: {op:?}");
         }
+    }
+
+    #[test]
+    fn alltoallv_block_to_self_must_match() {
+        // Regression (fuzzing): a mismatch here made the local copy panic.
+        let op = |sc: u64, rc: u64| Op::AllToAllV {
+            send: p(4096),
+            send_counts: vec![sc, 1],
+            send_displs: vec![0, 64],
+            recv: p(1 << 20),
+            recv_counts: vec![rc, 1],
+            recv_displs: vec![0, 64],
+            dt: DataType::Fp32,
+        };
+        assert_eq!(check(op(5, 3), 0, 2).err(), Some(ErrorKind::InvalidArgument));
+        assert_eq!(check(op(0, 1), 0, 2).err(), Some(ErrorKind::InvalidArgument));
+        assert!(check(op(5, 5), 0, 2).is_ok());
     }
 
     #[test]

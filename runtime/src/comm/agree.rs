@@ -39,7 +39,7 @@ fn put_ranks(out: &mut Vec<u8>, ranks: &[u32]) {
     ranks.iter().for_each(|r| out.extend_from_slice(&r.to_le_bytes()));
 }
 
-fn encode(m: &Msg) -> Vec<u8> {
+pub(crate) fn encode(m: &Msg) -> Vec<u8> {
     let mut out = Vec::new();
     match m {
         Msg::State { suspects, accepted } => {
@@ -90,7 +90,7 @@ impl Reader<'_> {
 }
 
 /// Parses a message of a communicator of `n` ranks; `None` for anything malformed.
-fn decode(b: &[u8], n: u32) -> Option<Msg> {
+pub(crate) fn decode(b: &[u8], n: u32) -> Option<Msg> {
     let mut r = Reader(b);
     let m = match r.u8()? {
         STATE => {

@@ -46,12 +46,12 @@ fn admitted_key(prefix: &str) -> String {
 
 /// What a joiner learns when admitted; also what survivors learn of the joiners.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Admission {
-    id: u64,
-    epoch: u64,
-    survivors: u32,
+pub(crate) struct Admission {
+    pub(crate) id: u64,
+    pub(crate) epoch: u64,
+    pub(crate) survivors: u32,
     /// Admitted joiners in rank order (rank = survivors + index): ticket and address.
-    joiners: Vec<(u64, String)>,
+    pub(crate) joiners: Vec<(u64, String)>,
 }
 
 impl Admission {
@@ -59,7 +59,7 @@ impl Admission {
         self.survivors + self.joiners.len() as u32
     }
 
-    fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut b = Vec::new();
         b.extend_from_slice(&self.id.to_le_bytes());
         b.extend_from_slice(&self.epoch.to_le_bytes());
@@ -73,7 +73,7 @@ impl Admission {
         b
     }
 
-    fn decode(b: &[u8]) -> Result<Admission> {
+    pub(crate) fn decode(b: &[u8]) -> Result<Admission> {
         let bad = || Error::new(ErrorKind::Store, "malformed admission record in the store");
         let mut at = 0usize;
         let mut take = |n: usize| -> Result<&[u8]> {

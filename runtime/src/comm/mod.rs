@@ -1,11 +1,11 @@
 //! Communicators: a set of ranks over a shared [`Net`], with their own id, sequence numbers
 //! and failure state. Groups and splits are new communicators over the parent's connections.
 
-mod agree;
+pub(crate) mod agree;
 pub mod agree_sim;
 mod group;
 mod init;
-mod join;
+pub(crate) mod join;
 mod membership;
 mod precheck;
 mod shrink;

@@ -7,6 +7,8 @@ mod unique_id;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
+#[doc(hidden)]
+pub use tcp_store::serve_bytes;
 pub use tcp_store::{StoreServer, TcpStore};
 pub use unique_id::UniqueId;
 

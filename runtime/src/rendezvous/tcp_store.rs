@@ -28,6 +28,8 @@ const ST_EXISTS: u8 = 3;
 pub const MAX_KEY_BYTES: usize = 4096;
 pub const MAX_VALUE_BYTES: usize = 16 << 20;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest wait a GET may ask for.
+const MAX_GET_WAIT: Duration = Duration::from_secs(24 * 3600);
 
 #[derive(Default)]
 struct Data {
@@ -100,7 +102,12 @@ fn accept_loop(listener: TcpListener, token: Vec<u8>, data: Arc<Data>, stop: Arc
                 tracing::warn!(peer = %peer, "store refused a connection: {e}");
                 return;
             }
-            if let Err(e) = serve(&mut conn, &data, &stop) {
+            // After the handshake a client may stay idle for the whole job.
+            if let Err(e) = conn.set_read_timeout(None) {
+                tracing::warn!(peer = %peer, "store socket: {e}");
+                return;
+            }
+            if let Err(e) = serve(&mut conn, &data, &stop, MAX_GET_WAIT) {
                 if e.kind() != ErrorKind::Remote {
                     tracing::warn!(peer = %peer, "store closed a connection: {e}");
                 }
@@ -136,9 +143,9 @@ fn reply(w: &mut impl Write, status: u8, data: &[u8]) -> Result<()> {
     w.write_all(&out).map_err(|e| Error::io(ErrorKind::Remote, "store reply", &e))
 }
 
-fn serve(conn: &mut TcpStream, data: &Data, stop: &AtomicBool) -> Result<()> {
-    // After the handshake a client may stay idle for the whole job.
-    conn.set_read_timeout(None).map_err(|e| Error::io(ErrorKind::Store, "store socket", &e))?;
+/// Serves one authenticated client until it leaves or breaks the protocol; a GET waits at most
+/// `max_wait` for its key.
+fn serve(conn: &mut (impl Read + Write), data: &Data, stop: &AtomicBool, max_wait: Duration) -> Result<()> {
     loop {
         let mut op = [0u8; 1];
         if conn.read_exact(&mut op).is_err() || stop.load(Ordering::SeqCst) {
@@ -155,7 +162,7 @@ fn serve(conn: &mut TcpStream, data: &Data, stop: &AtomicBool) -> Result<()> {
             }
             OP_GET => {
                 let ms = u64::from_le_bytes(val.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8]));
-                let deadline = Instant::now() + Duration::from_millis(ms.min(24 * 3600 * 1000));
+                let deadline = Instant::now() + Duration::from_millis(ms).min(max_wait);
                 let mut map = data.lock();
                 let found = loop {
                     if let Some(v) = map.get(&key) {
@@ -207,6 +214,15 @@ fn serve(conn: &mut TcpStream, data: &Data, stop: &AtomicBool) -> Result<()> {
             }
         }
     }
+}
+
+/// Runs the store's request loop on the bytes of `input`, as one authenticated client, with a
+/// fresh store and GETs that never wait; returns what the store replied. For the fuzz targets.
+#[doc(hidden)]
+pub fn serve_bytes(input: &[u8]) -> (Result<()>, Vec<u8>) {
+    let mut conn = crate::fuzzing::Duplex::new(input);
+    let r = serve(&mut conn, &Data::default(), &AtomicBool::new(false), Duration::ZERO);
+    (r, conn.output)
 }
 
 /// A client of the embedded store.
