@@ -4,6 +4,7 @@
 pub mod capi;
 pub mod etcd;
 pub mod fixture;
+pub mod framework;
 pub mod launch;
 pub mod matrix;
 

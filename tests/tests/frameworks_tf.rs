@@ -9,90 +9,25 @@
 //! Needs the release build and the venv (`bash scripts/setup-frameworks.sh tf`, which
 //! scripts/test.sh runs).
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
 use std::time::Duration;
 
-use hccn_tests::launch::{self, Outcome};
+use hccn_tests::framework::Framework;
 
-const PYTHON: &str = "/opt/hccn/venvs/tf/bin/python";
-/// Compiling against TensorFlow's headers takes about a minute on a quiet machine.
-const BUILD_TIMEOUT: Duration = Duration::from_secs(600);
-/// TensorFlow's import alone takes seconds per rank on a loaded 2-core machine.
-const RUN_TIMEOUT: Duration = Duration::from_secs(300);
-
-fn root() -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    root.canonicalize().unwrap_or(root)
-}
-
-/// Builds the op library once for both tests; returns the directory to put on PYTHONPATH.
-fn built() -> &'static Path {
-    static OUT: OnceLock<PathBuf> = OnceLock::new();
-    OUT.get_or_init(|| {
-        assert!(
-            Path::new(PYTHON).exists(),
-            "{PYTHON} is missing: run `bash scripts/setup-frameworks.sh tf` (scripts/test.sh does)"
-        );
-        // Under target/<profile>/, rebuilt on every run: nothing is left in the temp dir.
-        let out = launch::bin_dir().join("bindings-tf");
-        let mut cmd = Command::new("bash");
-        cmd.arg(root().join("bindings/tensorflow/build.sh"))
-            .arg("--python")
-            .arg(PYTHON)
-            .arg("--lib")
-            .arg(launch::bin_dir())
-            .arg("--out")
-            .arg(&out);
-        let build = launch::run(cmd, BUILD_TIMEOUT);
-        assert_eq!(build.code, Some(0), "bindings/tensorflow/build.sh failed: {}", build.describe());
-        out
-    })
-}
-
-fn run_two_ranks(script: &str) -> Outcome {
-    let mut cmd = Command::new(launch::bin("hccnrun"));
-    cmd.args(["-n", "2", "--", PYTHON])
-        .arg(root().join("bindings/tensorflow/tests").join(script))
-        .env("PYTHONPATH", built())
-        // A framework's import and first trace can keep one rank seconds behind the other on a
-        // loaded machine: give each wait more room than the default 30 s (the run's own hard
-        // timeout still applies).
-        .env("HCCN_TIMEOUT_MS", "120000")
-        .env("TF_CPP_MIN_LOG_LEVEL", "2")
-        // The op library finds libhccn.so through its rpath, as a user's would.
-        .env_remove("LD_LIBRARY_PATH");
-    launch::run(cmd, RUN_TIMEOUT)
-}
+const TF: Framework = Framework {
+    python: "/opt/hccn/venvs/tf/bin/python",
+    dir: "tensorflow",
+    build_args: &["--python", "/opt/hccn/venvs/tf/bin/python"],
+    // Compiling against TensorFlow's headers takes about a minute on a quiet machine.
+    build_timeout: Duration::from_secs(600),
+    env: &[("TF_CPP_MIN_LOG_LEVEL", "2")],
+};
 
 #[test]
 fn tensorflow_ops_give_exact_results_on_two_ranks() {
-    let out = run_two_ranks("collectives.py");
-    assert_eq!(out.code, Some(0), "collectives.py: {}", out.describe());
-    for r in 0..2 {
-        let line = out.stdout.lines().find(|l| l.contains(&format!("[tf] rank {r} of 2: ")));
-        assert!(
-            line.is_some_and(|l| l.ends_with("checks ok")),
-            "rank {r} did not report its checks ok: {}",
-            out.describe()
-        );
-    }
-    assert!(!out.stdout.contains("FAIL"), "{}", out.describe());
+    TF.expect_ranks_ok("collectives.py", "tf", "checks ok");
 }
 
 #[test]
 fn keras_training_step_with_hccn_gradients_matches_one_process() {
-    let out = run_two_ranks("keras_step.py");
-    assert_eq!(out.code, Some(0), "keras_step.py: {}", out.describe());
-    for r in 0..2 {
-        let line = out.stdout.lines().find(|l| l.contains(&format!("[keras] rank {r} of 2: ")));
-        assert!(line.is_some_and(|l| l.ends_with("ok")), "rank {r} did not match: {}", out.describe());
-    }
-    assert!(out.stdout.contains("step 7: loss"), "no per-step log: {}", out.describe());
-    assert!(!out.stdout.contains("FAIL"), "{}", out.describe());
-    eprintln!(
-        "{}",
-        out.stdout.lines().filter(|l| l.contains("step") || l.contains("[keras]")).collect::<Vec<_>>().join("\n")
-    );
+    TF.expect_training_matches("keras_step.py", "keras");
 }
