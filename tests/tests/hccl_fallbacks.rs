@@ -90,6 +90,12 @@ fn the_full_double_exports_every_symbol_and_the_minimal_one_only_the_required() 
     let mut want = optional();
     want.sort_unstable();
     assert_eq!(absent, want);
+    // Without HcclGetErrorString / aclGetRecentErrMsg an error carries the number alone.
+    let e = api.hccl("HcclAllReduce", 1).expect_err("HCCL_E_PARA is an error");
+    assert_eq!(e.kind(), hccn_runtime::ErrorKind::InvalidArgument);
+    assert!(e.message().ends_with("failed with HCCL error 1: HcclResult 1"), "{e}");
+    let e = api.acl("aclrtMemcpy", 507000).expect_err("an ACL failure is an error");
+    assert!(e.message().ends_with("aclrtMemcpy failed with ACL error 507000"), "{e}");
 }
 
 #[test]
