@@ -233,3 +233,40 @@ fn survivors_shrink_without_task_abort() {
         assert!(out.stdout.contains(&format!("[{r}] SHRUNK size=2 epoch=1 result=Ok(())")), "{}", out.describe());
     }
 }
+
+#[test]
+fn revoke_and_rebuild_without_task_abort() {
+    let faults = PathBuf::from(env!("CARGO_BIN_EXE_hccn-faults"));
+    // A revoke tears the HCCL side down (HcclCommDestroy alone here); shrink renews it.
+    let (out, all) = on_minimal(3, &faults, &["revoke"], &[]);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    assert_fallbacks_in_use(&all, &out);
+    for r in 0..3 {
+        assert!(out.stdout.contains(&format!("[{r}] AFTER_REVOKE code=Some(101)")), "{}", out.describe());
+        assert!(out.stdout.contains(&format!("[{r}] SHRUNK size=3 epoch=1 result=Ok(())")), "{}", out.describe());
+    }
+    // hccn_comm_rebuild admits a replacement for a killed rank into a new HCCL communicator.
+    let lib = minimal();
+    let mut cmd = Command::new(launch::bin("hccnrun"));
+    cmd.args(["--elastic", "--max-restarts", "1", "-n", "4", "--"])
+        .arg(&faults)
+        .arg("grow")
+        .env("HCCN_BACKEND", "hccl")
+        .env("HCCN_HCCL_LIB", &lib)
+        .env("HCCN_ACL_LIB", &lib)
+        .env("HCCN_LOG", "info");
+    let out = launch::run(cmd, Duration::from_secs(120));
+    launch::expect_grown(&out);
+    let all = format!("{}{}", out.stdout, out.stderr);
+    assert_fallbacks_in_use(&all, &out);
+    // Every rank (the replacement as the killed rank 3's successor) made a second 4-rank HCCL
+    // communicator, from a root info sent over the rebuilt native side.
+    for r in 0..4 {
+        let me = format!("[{r}] ");
+        let made = all
+            .lines()
+            .filter(|l| l.starts_with(&me) && l.contains("hccl-emu: HcclCommInitRootInfo nRanks=4 "))
+            .count();
+        assert_eq!(made, 2, "rank {r}: 4-rank HCCL communicators made: {}", out.describe());
+    }
+}
