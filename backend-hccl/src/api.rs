@@ -264,6 +264,13 @@ macro_rules! symbols {
                 )*
                 Ok(Api { hccl_path, acl_path, _hccl: hccl, _acl: acl, $( $name, )* })
             }
+
+            /// The optional symbols the loaded libraries lack (their fallbacks are in use).
+            pub fn absent(&self) -> Vec<&'static str> {
+                let mut out = Vec::new();
+                $( if self.$name.is_none() { out.push(stringify!($name)); } )*
+                out
+            }
         }
     };
 }

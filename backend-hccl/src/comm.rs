@@ -350,6 +350,7 @@ impl HcclCommunicator {
             return Ok(());
         }
         let acl = stream.unwrap_or(&self.s.internal);
+        acl.usable()?;
         let raw = self.s.raw()?;
         // SAFETY: the caller's promise covers the buffers.
         match unsafe { self.issue(&op, raw, acl.raw()) } {

@@ -53,6 +53,13 @@ impl Backend {
                     }
                     let device = cfg.device_id.unwrap_or(0);
                     tracing::info!(hccl = %api.hccl_path, acl = %api.acl_path, device, "HCCL backend loaded");
+                    let absent = api.absent();
+                    if !absent.is_empty() {
+                        tracing::info!(
+                            "HCCL backend: optional symbols absent, using their fallbacks: {}",
+                            absent.join(" ")
+                        );
+                    }
                     let b = Arc::new(Backend { api, device });
                     *slot = Some(b.clone());
                     b

@@ -21,11 +21,23 @@ fn extent(counts: &[u64], displs: &[u64], es: usize) -> usize {
     counts.iter().zip(displs).map(|(c, d)| (c + d) as usize * es).max().unwrap_or(0)
 }
 
+/// Logs the first staged operation of each kind (HCCN_LOG=info), so that tests can see which
+/// operations took this path.
+fn first_staged(name: &'static str) {
+    static SEEN: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    if !seen.contains(&name) {
+        seen.push(name);
+        tracing::info!("HCCL backend: first staged {name}");
+    }
+}
+
 /// Runs `op` staged through host memory.
 ///
 /// # Safety
 /// The buffers of `op` are valid device memory of the sizes the (already checked) op uses.
 pub(crate) unsafe fn run(s: &Shared, op: Op) -> Result<()> {
+    first_staged(op.name());
     let api = &s.backend.api;
     let memcpy = need(api.aclrtMemcpy, "aclrtMemcpy")?;
     let (me, n) = (s.native.rank() as usize, s.native.size() as usize);

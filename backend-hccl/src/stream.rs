@@ -2,7 +2,10 @@
 //! caller's own (`hccn_stream_wrap_acl`). Waiting polls the stream and, meanwhile, the native
 //! side of every communicator that issued work on it, so that a dead peer ends the wait (with
 //! the HCCL communicator torn down) instead of hanging until HCCL's own execution timeout.
+//! Without `aclrtStreamQuery`, `aclrtSynchronizeStream` runs on a helper thread while the
+//! caller's thread does that watching; a stream whose wait ended on a failure is abandoned.
 
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,6 +21,10 @@ pub struct AclStream {
     owned: bool,
     /// Communicators with work on this stream since the last completed wait.
     watched: Mutex<Vec<std::sync::Weak<Shared>>>,
+    /// Set when a wait gave up on the stream's tasks without being able to stop them (no
+    /// `aclrtStreamQuery`, or no `aclrtDeviceTaskAbort`): a helper thread may still be blocked
+    /// in `aclrtSynchronizeStream` on it, so it is never waited for or destroyed again.
+    abandoned: Mutex<Option<Error>>,
 }
 
 impl std::fmt::Debug for AclStream {
@@ -43,7 +50,13 @@ impl AclStream {
         if raw.is_null() {
             return Err(Error::new(ErrorKind::Backend, "aclrtCreateStream returned no stream"));
         }
-        Ok(AclStream { backend, raw: raw as usize, owned: true, watched: Mutex::new(Vec::new()) })
+        Ok(AclStream {
+            backend,
+            raw: raw as usize,
+            owned: true,
+            watched: Mutex::new(Vec::new()),
+            abandoned: Mutex::new(None),
+        })
     }
 
     /// Wraps the caller's stream (never destroyed by hccn).
@@ -51,7 +64,13 @@ impl AclStream {
         if raw.is_null() {
             return Err(Error::null("acl_stream is NULL"));
         }
-        Ok(AclStream { backend, raw: raw as usize, owned: false, watched: Mutex::new(Vec::new()) })
+        Ok(AclStream {
+            backend,
+            raw: raw as usize,
+            owned: false,
+            watched: Mutex::new(Vec::new()),
+            abandoned: Mutex::new(None),
+        })
     }
 
     pub fn raw(&self) -> RawStream {
@@ -96,7 +115,9 @@ impl AclStream {
     /// failure behind it.
     pub fn wait(&self) -> Result<()> {
         self.backend.bind()?;
+        self.usable()?;
         let api = &self.backend.api;
+        let sync = need(api.aclrtSynchronizeStream, "aclrtSynchronizeStream")?;
         if let Some(query) = api.aclrtStreamQuery {
             let mut pause = Duration::from_micros(20);
             let mut left_since: Option<std::time::Instant> = None;
@@ -108,24 +129,27 @@ impl AclStream {
                     break;
                 }
                 if let Some(e) = self.failure() {
-                    return Err(e);
+                    return Err(self.abandon_unless_aborted(e));
                 }
                 if let Some((s, gone)) = self.departed() {
                     if left_since.get_or_insert_with(std::time::Instant::now).elapsed() >= DEPARTED_GRACE {
                         s.teardown();
-                        return Err(Error::new(
+                        return Err(self.abandon_unless_aborted(Error::new(
                             ErrorKind::Remote,
                             format!("rank(s) {gone:?} left the communicator while an operation still needed them"),
-                        ));
+                        )));
                     }
                 }
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_millis(2));
             }
         }
-        let sync = need(api.aclrtSynchronizeStream, "aclrtSynchronizeStream")?;
-        // SAFETY: public signature.
-        let rc = unsafe { sync(self.raw()) };
+        let rc = if api.aclrtStreamQuery.is_some() {
+            // SAFETY: public signature.
+            unsafe { sync(self.raw()) }
+        } else {
+            self.sync_beside()?
+        };
         match api.acl("aclrtSynchronizeStream", rc) {
             Ok(()) => {
                 self.watched.lock().unwrap_or_else(|p| p.into_inner()).clear();
@@ -147,9 +171,80 @@ impl AclStream {
         }
     }
 
+    /// The error that made this stream unusable, if a wait abandoned it.
+    pub(crate) fn usable(&self) -> Result<()> {
+        match &*self.abandoned.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => {
+                Err(e.clone().context("this ACL stream was abandoned after a failure (its tasks could not be stopped)"))
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn abandon(&self, why: &Error) {
+        *self.abandoned.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
+    }
+
+    /// A wait that gave up on pending tasks: without `aclrtDeviceTaskAbort` nothing stopped
+    /// them, so the stream may never drain and is abandoned.
+    fn abandon_unless_aborted(&self, why: Error) -> Error {
+        if self.backend.api.aclrtDeviceTaskAbort.is_none() {
+            self.abandon(&why);
+        }
+        why
+    }
+
+    /// Without `aclrtStreamQuery`: `aclrtSynchronizeStream` on a helper thread, while this
+    /// thread watches the native side of the communicators with work here, as the polling loop
+    /// does. On a failure the helper is left blocked (HCCL would hold the task until
+    /// HCCL_EXEC_TIMEOUT unless `aclrtDeviceTaskAbort` stopped it) and the stream is abandoned.
+    fn sync_beside(&self) -> Result<i32> {
+        let (tx, rx) = mpsc::channel();
+        let backend = self.backend.clone();
+        let raw = self.raw;
+        std::thread::Builder::new()
+            .name("hccn-acl-sync".into())
+            .spawn(move || {
+                let rc = backend.bind().and_then(|()| {
+                    let sync = need(backend.api.aclrtSynchronizeStream, "aclrtSynchronizeStream")?;
+                    // SAFETY: public signature; the stream stays alive (an abandoned stream is
+                    // never destroyed).
+                    Ok(unsafe { sync(raw as RawStream) })
+                });
+                let _ = tx.send(rc);
+            })
+            .map_err(|e| Error::new(ErrorKind::System, format!("cannot start the ACL stream waiter thread: {e}")))?;
+        let mut left_since: Option<std::time::Instant> = None;
+        loop {
+            match rx.recv_timeout(Duration::from_millis(2)) {
+                Ok(rc) => return rc,
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(Error::internal("the ACL stream waiter thread ended without an answer"))
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            if let Some(e) = self.failure() {
+                self.abandon(&e);
+                return Err(e);
+            }
+            if let Some((s, gone)) = self.departed() {
+                if left_since.get_or_insert_with(std::time::Instant::now).elapsed() >= DEPARTED_GRACE {
+                    s.teardown();
+                    let e = Error::new(
+                        ErrorKind::Remote,
+                        format!("rank(s) {gone:?} left the communicator while an operation still needed them"),
+                    );
+                    self.abandon(&e);
+                    return Err(e);
+                }
+            }
+        }
+    }
+
     /// Waits without attributing errors (teardown paths).
     pub(crate) fn wait_quiet(&self) -> Result<()> {
         self.backend.bind()?;
+        self.usable()?;
         let sync = need(self.backend.api.aclrtSynchronizeStream, "aclrtSynchronizeStream")?;
         // SAFETY: public signature.
         self.backend.api.acl("aclrtSynchronizeStream", unsafe { sync(self.raw()) })
@@ -180,7 +275,7 @@ impl AclStream {
 
 impl Drop for AclStream {
     fn drop(&mut self) {
-        if !self.owned {
+        if !self.owned || self.usable().is_err() {
             return;
         }
         let _ = self.wait_quiet();

@@ -129,7 +129,8 @@ pub extern "C" fn aclrtResetDevice(_device_id: i32) -> aclError {
     ACL_SUCCESS
 }
 
-#[no_mangle]
+// Optional in hccn's backend: hccl-emu-minimal does not export it.
+#[cfg_attr(not(hccl_emu_minimal), no_mangle)]
 pub extern "C" fn aclGetRecentErrMsg() -> *const c_char {
     RECENT.with(|r| r.borrow().as_ptr())
 }
@@ -190,7 +191,8 @@ pub extern "C" fn aclrtSynchronizeStream(stream: aclrtStream) -> aclError {
 
 /// `aclrtStreamStatus`: COMPLETE = 0, NOT_READY = 1. A failed stream is complete (its error
 /// comes from aclrtSynchronizeStream).
-#[no_mangle]
+// Optional in hccn's backend: hccl-emu-minimal does not export it.
+#[cfg_attr(not(hccl_emu_minimal), no_mangle)]
 pub unsafe extern "C" fn aclrtStreamQuery(stream: aclrtStream, status: *mut i32) -> aclError {
     let Some(s) = STREAMS.get(stream) else {
         return ACL_ERROR_INVALID_PARAM;
@@ -210,7 +212,8 @@ pub unsafe extern "C" fn aclrtStreamQuery(stream: aclrtStream, status: *mut i32)
 
 /// Stops the work of every communicator of this process (the double has one device): their
 /// pending and later operations fail, as tasks do after a real task abort.
-#[no_mangle]
+// Optional in hccn's backend: hccl-emu-minimal does not export it.
+#[cfg_attr(not(hccl_emu_minimal), no_mangle)]
 pub extern "C" fn aclrtDeviceTaskAbort(_device_id: i32, _timeout: u32) -> aclError {
     ABORTS.fetch_add(1, Ordering::SeqCst);
     for c in crate::hccl::COMMS.all() {
@@ -220,7 +223,8 @@ pub extern "C" fn aclrtDeviceTaskAbort(_device_id: i32, _timeout: u32) -> aclErr
     ACL_SUCCESS
 }
 
-#[no_mangle]
+// Optional in hccn's backend: hccl-emu-minimal does not export it.
+#[cfg_attr(not(hccl_emu_minimal), no_mangle)]
 pub unsafe extern "C" fn aclrtMalloc(dev_ptr: *mut *mut c_void, size: usize, _policy: i32) -> aclError {
     if dev_ptr.is_null() || size == 0 {
         return ACL_ERROR_INVALID_PARAM;
@@ -235,7 +239,8 @@ pub unsafe extern "C" fn aclrtMalloc(dev_ptr: *mut *mut c_void, size: usize, _po
     ACL_SUCCESS
 }
 
-#[no_mangle]
+// Optional in hccn's backend: hccl-emu-minimal does not export it.
+#[cfg_attr(not(hccl_emu_minimal), no_mangle)]
 pub unsafe extern "C" fn aclrtFree(dev_ptr: *mut c_void) -> aclError {
     // SAFETY: the pointer came from aclrtMalloc (the caller's promise, as with ACL).
     unsafe { libc::free(dev_ptr) };

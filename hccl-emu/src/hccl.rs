@@ -64,7 +64,8 @@ fn fail(code: HcclResult, msg: &str) -> HcclResult {
     code
 }
 
-#[no_mangle]
+// Optional in hccn's backend: hccl-emu-minimal does not export it.
+#[cfg_attr(not(hccl_emu_minimal), no_mangle)]
 pub extern "C" fn HcclGetErrorString(code: HcclResult) -> *const c_char {
     let s: &'static [u8] = match code {
         0 => b"success\0",
@@ -107,7 +108,9 @@ pub unsafe extern "C" fn HcclGetRootInfo(root_info: *mut HcclRootInfo) -> HcclRe
     }
 }
 
-unsafe fn init(n: u32, root_info: *const HcclRootInfo, rank: u32, comm: *mut HcclComm) -> HcclResult {
+/// Every communicator creation is logged (HCCN_LOG=info), so that tests can see which call the
+/// backend used and for how many ranks.
+unsafe fn init(name: &str, n: u32, root_info: *const HcclRootInfo, rank: u32, comm: *mut HcclComm) -> HcclResult {
     if root_info.is_null() || comm.is_null() {
         return fail(E_PTR, "HcclCommInitRootInfo: rootInfo or comm is NULL");
     }
@@ -130,6 +133,7 @@ unsafe fn init(n: u32, root_info: *const HcclRootInfo, rank: u32, comm: *mut Hcc
     };
     match Communicator::init_rank(&id, n, rank, &config()) {
         Ok(c) => {
+            tracing::info!("hccl-emu: {name} nRanks={n} rank={rank}");
             // SAFETY: non-NULL out pointer from the caller.
             unsafe { comm.write(COMMS.insert(c)) };
             SUCCESS
@@ -146,7 +150,7 @@ pub unsafe extern "C" fn HcclCommInitRootInfo(
     comm: *mut HcclComm,
 ) -> HcclResult {
     // SAFETY: forwarded caller contract.
-    unsafe { init(n_ranks, root_info, rank, comm) }
+    unsafe { init("HcclCommInitRootInfo", n_ranks, root_info, rank, comm) }
 }
 
 fn config_ok(config: *const HcclCommConfig) -> Result<(), HcclResult> {
@@ -161,7 +165,8 @@ fn config_ok(config: *const HcclCommConfig) -> Result<(), HcclResult> {
     Ok(())
 }
 
-#[no_mangle]
+// Optional in hccn's backend: hccl-emu-minimal does not export it.
+#[cfg_attr(not(hccl_emu_minimal), no_mangle)]
 pub unsafe extern "C" fn HcclCommInitRootInfoConfig(
     n_ranks: u32,
     root_info: *const HcclRootInfo,
@@ -173,10 +178,11 @@ pub unsafe extern "C" fn HcclCommInitRootInfoConfig(
         return c;
     }
     // SAFETY: forwarded caller contract.
-    unsafe { init(n_ranks, root_info, rank, comm) }
+    unsafe { init("HcclCommInitRootInfoConfig", n_ranks, root_info, rank, comm) }
 }
 
-#[no_mangle]
+// Optional in hccn's backend: hccl-emu-minimal does not export it.
+#[cfg_attr(not(hccl_emu_minimal), no_mangle)]
 pub unsafe extern "C" fn HcclCreateSubCommConfig(
     comm: *mut HcclComm,
     rank_num: u32,
@@ -200,6 +206,7 @@ pub unsafe extern "C" fn HcclCreateSubCommConfig(
     let ids = unsafe { std::slice::from_raw_parts(rank_ids, rank_num as usize) }.to_vec();
     match parent.new_group(&ids) {
         Ok(c) if c.rank() == sub_comm_rank_id => {
+            tracing::info!("hccl-emu: HcclCreateSubCommConfig rankNum={rank_num} rank={sub_comm_rank_id}");
             // SAFETY: non-NULL out pointer.
             unsafe { sub_comm.write(COMMS.insert(c)) };
             SUCCESS
@@ -246,7 +253,8 @@ pub unsafe extern "C" fn HcclGetRankId(comm: HcclComm, rank: *mut u32) -> HcclRe
     }
 }
 
-#[no_mangle]
+// Optional in hccn's backend: hccl-emu-minimal does not export it.
+#[cfg_attr(not(hccl_emu_minimal), no_mangle)]
 pub unsafe extern "C" fn HcclGetCommAsyncError(comm: HcclComm, async_error: *mut HcclResult) -> HcclResult {
     let Some(c) = COMMS.get(comm) else {
         return fail(E_PARA, "HcclGetCommAsyncError: not a live communicator");
@@ -437,7 +445,8 @@ pub extern "C" fn HcclBroadcast(
     })
 }
 
-#[no_mangle]
+// Optional in hccn's backend: hccl-emu-minimal does not export it.
+#[cfg_attr(not(hccl_emu_minimal), no_mangle)]
 pub extern "C" fn HcclScatter(
     send_buf: *mut c_void,
     recv_buf: *mut c_void,
@@ -477,7 +486,8 @@ pub extern "C" fn HcclAllGather(
     })
 }
 
-#[no_mangle]
+// Optional in hccn's backend: hccl-emu-minimal does not export it.
+#[cfg_attr(not(hccl_emu_minimal), no_mangle)]
 pub unsafe extern "C" fn HcclAllGatherV(
     send_buf: *mut c_void,
     send_count: u64,
@@ -535,7 +545,8 @@ pub extern "C" fn HcclRecv(
     })
 }
 
-#[no_mangle]
+// Optional in hccn's backend: hccl-emu-minimal does not export it.
+#[cfg_attr(not(hccl_emu_minimal), no_mangle)]
 pub extern "C" fn HcclAlltoAll(
     send_buf: *const c_void,
     send_count: u64,

@@ -61,6 +61,12 @@ fn the_collective_matrix_runs_through_hccl_on_2_3_4_ranks() {
         for op in HCCL_OPS {
             assert!(all.contains(&format!("hccl-emu: first {op}")), "{op} was never called: {}", out.describe());
         }
+        // With every optional symbol present nothing HCCL has is staged (tests/tests/
+        // hccl_fallbacks.rs runs the same matrix on a library without them).
+        assert!(!all.contains("optional symbols absent"), "{}", out.describe());
+        for op in ["allgatherv", "scatter", "alltoall"] {
+            assert!(!all.contains(&format!("first staged {op}\n")), "{op} was staged: {}", out.describe());
+        }
     }
 }
 
