@@ -1,6 +1,6 @@
 //! A rank on the HCCL backend using its own ACL stream through `hccn_stream_wrap_acl`, with
-//! "device" buffers from `aclrtMalloc` (the hccl-emu test double: docs/hccl.md). Prints
-//! `[r] STREAMS ok` or `FAIL ...` lines. Usage: HCCN_BACKEND=hccl HCCN_HCCL_LIB=.. HCCN_ACL_LIB=..
+//! host buffers standing for device memory, filled with `aclrtMemcpy` (the hccl-emu test
+//! double: docs/hccl.md). Prints `[r] STREAMS ok` or `FAIL ...` lines. Usage: HCCN_BACKEND=hccl HCCN_HCCL_LIB=.. HCCN_ACL_LIB=..
 //! hccnrun -n N hccn-hccl-streams
 
 use std::ffi::c_void;
