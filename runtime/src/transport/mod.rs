@@ -6,6 +6,7 @@
 //! communicator that contains it returns `RankFailed` at once.
 
 mod heartbeat;
+mod pool;
 pub(crate) mod shm;
 pub(crate) mod tcp;
 
@@ -423,6 +424,7 @@ impl Net {
         };
         (sink.check)(&frame.hdr)?;
         (sink.piece)(0, &frame.payload);
+        pool::give(frame.payload);
         Ok(())
     }
 

@@ -161,7 +161,7 @@ fn reader_loop(mut sock: TcpStream, peer: u32, inbox: Arc<Inbox>, closing: Arc<A
         }
         // Read into reserved capacity: zero-filling first would touch every byte twice.
         let len = hdr.len as usize;
-        let mut payload = Vec::with_capacity(len);
+        let mut payload = super::pool::take(len);
         match (&mut sock).take(len as u64).read_to_end(&mut payload) {
             Ok(n) if n == len => {}
             Ok(_) => break "connection closed inside a frame (the process exited or was killed)".to_owned(),
