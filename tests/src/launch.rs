@@ -136,3 +136,18 @@ pub fn run(mut cmd: Command, timeout: Duration) -> Outcome {
         elapsed: start.elapsed(),
     }
 }
+
+/// Checks a `hccn-faults shrink VICTIMS` run of `n` ranks: every survivor reports its dense new
+/// rank, the shrunk size and a correct reduction afterwards.
+pub fn expect_shrunk(out: &Outcome, n: u32, victims: &[u32]) {
+    for r in (0..n).filter(|r| !victims.contains(r)) {
+        let new_rank = r - victims.iter().filter(|&&v| v < r).count() as u32;
+        let want = format!("[{r}] SHRUNK rank={new_rank} size={} epoch=", n - victims.len() as u32);
+        let line = out
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(&want))
+            .unwrap_or_else(|| panic!("rank {r}: no {want:?}: {}", out.describe()));
+        assert!(line.ends_with("result=Ok(())"), "rank {r}: {line}");
+    }
+}

@@ -137,16 +137,7 @@ fn survivors_shrink_to_a_new_hccl_communicator() {
         let list: Vec<String> = victims.iter().map(|v| v.to_string()).collect();
         let out = on_emu(n, &faults, &["shrink", &list.join(",")], &[("HCCN_TIMEOUT_MS", "20000")]);
         assert_eq!(out.code, Some(137), "{}", out.describe());
-        for r in (0..n).filter(|r| !victims.contains(r)) {
-            let new_rank = r - victims.iter().filter(|&&v| v < r).count() as u32;
-            let want = format!("[{r}] SHRUNK rank={new_rank} size={} epoch=", n - victims.len() as u32);
-            let line = out
-                .stdout
-                .lines()
-                .find(|l| l.starts_with(&want))
-                .unwrap_or_else(|| panic!("rank {r}: no {want:?}: {}", out.describe()));
-            assert!(line.ends_with("result=Ok(())"), "rank {r}: {line}");
-        }
+        launch::expect_shrunk(&out, n, &victims);
     }
 }
 

@@ -22,15 +22,8 @@ fn shrink_after_killing(n: u32, victims: &[u32]) {
         let err = out.stdout.lines().find(|l| l.starts_with(&format!("[{r}] ERROR_AT"))).unwrap_or_default();
         // With two victims, a rank may see one of them first: the error names what it knows.
         assert!(err.contains("code=100 failed=["), "rank {r} error line {err:?}: {}", out.describe());
-        let new_rank = r - victims.iter().filter(|&&v| v < r).count() as u32;
-        let want = format!("[{r}] SHRUNK rank={new_rank} size={} epoch=", n - victims.len() as u32);
-        let line = out
-            .stdout
-            .lines()
-            .find(|l| l.starts_with(&want))
-            .unwrap_or_else(|| panic!("rank {r}: no {want:?}: {}", out.describe()));
-        assert!(line.ends_with("result=Ok(())"), "rank {r}: {line}");
     }
+    launch::expect_shrunk(&out, n, victims);
 }
 
 #[test]
