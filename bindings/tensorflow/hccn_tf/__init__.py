@@ -168,7 +168,11 @@ def _allreduce_grad(op, grad):
     if isinstance(reduce_op, bytes):
         reduce_op = reduce_op.decode()
     if reduce_op not in ("sum", "average"):
-        raise NotImplementedError(f"no gradient for an hccn allreduce with op={reduce_op!r}")
+        # As in Horovod: only sum and average have the allreduce of the gradients as gradient.
+        raise ValueError(
+            f"hccn_tf.allreduce with op={reduce_op!r} has no gradient; use op='sum' or 'average' "
+            "on trainable paths, or tf.stop_gradient"
+        )
     return allreduce(grad, op=reduce_op)
 
 

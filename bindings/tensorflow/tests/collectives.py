@@ -98,6 +98,17 @@ with tf.GradientTape() as tape:
 check("gradient through broadcast", tape.gradient(loss, u).numpy(),
       np.array([float(n) if r == 0 else 0.0], np.float32))
 
+# max/min/prod have no gradient here: asking for one is a clear error, raised before any
+# communication (so every rank raises it alike).
+x = tf.Variable([1.0])
+try:
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(hccn_tf.allreduce(x, op="max"))
+    tape.gradient(loss, x)
+    check("gradient of a max allreduce raises", False, True)
+except ValueError as e:
+    check("gradient of a max allreduce message", "has no gradient" in str(e), True)
+
 # Errors are TensorFlow errors with hccn's message, and the next op still works.
 try:
     hccn_tf.allgather(tf.zeros([1, 2 + r]))  # trailing dimensions differ between ranks
