@@ -187,3 +187,53 @@ fn bucket_flushes_when_full_and_reduces_oversized_tensors_alone() {
     assert_eq!(b.collectives(), 4);
     assert!(bufs.iter().all(|v| v.iter().all(|x| *x == 1.5)), "a world of one reduces to the input");
 }
+
+/// Small allreduces take the shared-memory board, each in its turn: here many at once on three
+/// streams per rank (more in flight than the board has slots per rank), mixed with larger ones
+/// that take messages, and every result must be exact on every rank.
+#[test]
+fn small_allreduces_on_many_streams_share_the_board_in_turn() {
+    use hccn_runtime::{Op, Ptr, ReduceOp, Stream};
+    let n = 4u32;
+    let comms = world(n, &config());
+    assert_eq!(comms[0].plan("allreduce", 64).ok().flatten().map(|p| p.0), Some("board"));
+    assert_ne!(comms[0].plan("allreduce", 64 << 10).ok().flatten().map(|p| p.0), Some("board"));
+    let ops = 60usize;
+    // Op i: 3 + i%5 int64 elements, or 1500 (12 KB, past the board) every fourth op.
+    let len = |i: usize| if i % 4 == 3 { 1500 } else { 3 + i % 5 };
+    let ranks: Vec<_> = comms
+        .into_iter()
+        .enumerate()
+        .map(|(r, comm)| {
+            std::thread::spawn(move || {
+                let streams: Vec<Stream> = (0..3).map(|_| Stream::new().expect("stream")).collect();
+                let mut bufs: Vec<Vec<i64>> =
+                    (0..ops).map(|i| (0..len(i)).map(|k| (r * 1000 + i * 10 + k) as i64).collect()).collect();
+                for (i, b) in bufs.iter_mut().enumerate() {
+                    let p = Ptr::from_mut(b.as_mut_ptr());
+                    let op = Op::AllReduce {
+                        send: p,
+                        recv: p,
+                        count: b.len() as u64,
+                        dt: DataType::Int64,
+                        op: ReduceOp::Sum,
+                    };
+                    // SAFETY: every buffer outlives its stream's work (synchronized below).
+                    unsafe { comm.submit(op, Some(&streams[i % 3])) }.expect("enqueue");
+                }
+                let errs: Vec<String> =
+                    streams.iter().filter_map(|s| s.synchronize().err()).map(|e| format!("rank {r}: {e}")).collect();
+                assert!(errs.is_empty(), "{errs:#?}");
+                bufs
+            })
+        })
+        .collect();
+    for h in ranks {
+        let bufs = h.join().expect("rank thread");
+        for (i, b) in bufs.iter().enumerate() {
+            let want: Vec<i64> =
+                (0..len(i)).map(|k| (0..n as usize).map(|r| (r * 1000 + i * 10 + k) as i64).sum()).collect();
+            assert_eq!(b, &want, "op {i}");
+        }
+    }
+}

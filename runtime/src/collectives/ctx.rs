@@ -19,16 +19,59 @@ pub(crate) struct Ctx<'a> {
     seq: u64,
     /// Pipeline chunk of this operation (the cost model's choice, at most HCCN_CHUNK_BYTES).
     chunk: usize,
+    /// The operation's turn on the communicator's board, if it goes there (see board.rs).
+    turn: Option<u64>,
 }
 
 impl<'a> Ctx<'a> {
     pub fn new(comm: &'a CommInner, kind: FrameKind, seq: u64) -> Self {
-        Ctx { comm, kind, seq, chunk: comm.chunk_bytes }
+        Ctx { comm, kind, seq, chunk: comm.chunk_bytes, turn: None }
+    }
+
+    /// The same context for an operation with board turn `turn`.
+    pub fn with_turn(self, turn: Option<u64>) -> Ctx<'a> {
+        Ctx { turn, ..self }
+    }
+
+    pub fn turn(&self) -> Option<u64> {
+        self.turn
+    }
+
+    pub fn board_cell(&self) -> &'a super::board::BoardCell {
+        &self.comm.board
+    }
+
+    pub fn net(&self) -> &'a crate::transport::Net {
+        &self.comm.net
+    }
+
+    /// The deadline of every wait (HCCN_TIMEOUT_MS).
+    pub fn timeout(&self) -> std::time::Duration {
+        self.comm.timeout
+    }
+
+    /// Why this communicator can make no progress (a member failed or left, a revoke, an
+    /// abort), if it cannot; one atomic load while all is well. For waits outside `recv`.
+    pub fn health_error(&self) -> Option<Error> {
+        let inbox = &self.comm.net.inbox;
+        if inbox.troubles() == 0 {
+            return None;
+        }
+        if let Some(e) = inbox.health(|h| self.comm.status(h)) {
+            return Some(e);
+        }
+        let gone = self.comm.gone_now();
+        (!gone.is_empty()).then(|| {
+            Error::new(
+                ErrorKind::Remote,
+                format!("communicator ranks {gone:?} left while this rank still expected data"),
+            )
+        })
     }
 
     /// The same context with pipeline chunks of at most `bytes` (never above HCCN_CHUNK_BYTES).
     pub fn with_chunk(&self, bytes: usize) -> Ctx<'a> {
-        Ctx { comm: self.comm, kind: self.kind, seq: self.seq, chunk: bytes.min(self.comm.chunk_bytes) }
+        Ctx { chunk: bytes.min(self.comm.chunk_bytes), ..*self }
     }
 
     /// The largest pipeline chunk (HCCN_CHUNK_BYTES).

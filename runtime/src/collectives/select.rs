@@ -268,7 +268,12 @@ fn chunk_for(m: &Model, step: f64) -> usize {
 }
 
 pub(crate) fn select(work: &Work, ctx: &Ctx<'_>) -> Result<Plan> {
-    plan(work, &Model::of(ctx), ctx.forced_algo())
+    let plan = plan(work, &Model::of(ctx), ctx.forced_algo())?;
+    // Decided at submit time (see board.rs); the model's plan is its fallback's chunk.
+    if ctx.turn().is_some() {
+        return Ok(Plan { algo: &super::board::BoardAllreduce, ..plan });
+    }
+    Ok(plan)
 }
 
 fn plan(work: &Work, m: &Model, forced: AlgoChoice) -> Result<Plan> {

@@ -25,6 +25,7 @@ use sha2::{Digest, Sha256};
 pub use init::new_unique_id;
 pub use typed::Element;
 
+use crate::collectives::board::BoardCell;
 use crate::collectives::check::{self, Shape};
 use crate::collectives::{self, Ctx, Op, Work};
 use crate::error::{Error, ErrorKind, Result};
@@ -64,6 +65,8 @@ pub(crate) struct CommInner {
     member: membership::MemberSlot,
     /// Host index of each member (see [`CommInner::hosts`]).
     hosts: Option<Vec<u32>>,
+    /// The shared-memory board of the smallest allreduces, when all members share a host.
+    pub board: BoardCell,
 }
 
 /// A communicator. Clones share it; it lives until the last clone and the last queued
@@ -124,6 +127,13 @@ impl CommInner {
     ) -> Self {
         let n = members.len();
         let hosts = host_layout(&net, &members);
+        let shared_host = hosts.as_ref().is_some_and(|h| h.iter().all(|&x| x == 0));
+        let board = BoardCell::new(
+            n as u32,
+            shared_host,
+            net.transport != crate::config::Transport::Tcp,
+            net.algo == crate::collectives::select::AlgoChoice::Auto,
+        );
         CommInner {
             net,
             id,
@@ -142,6 +152,7 @@ impl CommInner {
             origin: None,
             member: membership::MemberSlot::default(),
             hosts,
+            board,
         }
     }
 
@@ -192,7 +203,7 @@ impl CommInner {
 
     /// Members that failed or left (destroyed their side), in communicator ranks: neither will
     /// take part in an agreement.
-    fn gone_now(&self) -> Vec<u32> {
+    pub(crate) fn gone_now(&self) -> Vec<u32> {
         let gone = self.net.inbox.gone();
         self.members.iter().enumerate().filter(|(_, w)| gone.contains(w)).map(|(r, _)| r as u32).collect()
     }
@@ -329,13 +340,16 @@ impl Communicator {
             Work::Nothing => (FrameKind::Collective, 0),
             _ => (FrameKind::Collective, self.inner.coll_seq.fetch_add(1, Ordering::SeqCst)),
         };
+        let turn = self.inner.board.turn_for(&work);
         match stream {
             // SAFETY: the caller's promise covers the buffers until we return.
-            None => unsafe { collectives::execute(&Ctx::new(&self.inner, kind, seq), &work) },
+            None => unsafe { collectives::execute(&Ctx::new(&self.inner, kind, seq).with_turn(turn), &work) },
             Some(s) => {
                 let inner = self.inner.clone();
                 // SAFETY: the caller's promise covers the buffers until the stream runs the job.
-                s.enqueue(Box::new(move || unsafe { collectives::execute(&Ctx::new(&inner, kind, seq), &work) }))
+                s.enqueue(Box::new(move || unsafe {
+                    collectives::execute(&Ctx::new(&inner, kind, seq).with_turn(turn), &work)
+                }))
             }
         }
     }

@@ -12,6 +12,11 @@ impl Communicator {
     pub fn plan(&self, op: &str, bytes: usize) -> Result<Option<(&'static str, usize)>> {
         // A context is only a view of the communicator: building one sends nothing.
         let ctx = Ctx::new(&self.inner, FrameKind::Collective, 0);
-        select::plan_for(&ctx, op, bytes)
+        let plan = select::plan_for(&ctx, op, bytes)?;
+        let board = &self.inner.board;
+        if op == "allreduce" && board.takes(bytes) && board.is_on() {
+            return Ok(plan.map(|(_, chunk)| ("board", chunk)));
+        }
+        Ok(plan)
     }
 }

@@ -5,6 +5,7 @@
 //! A peer's connection ending without a goodbye marks it failed, and every wait of a
 //! communicator that contains it returns `RankFailed` at once.
 
+pub(crate) mod board;
 mod heartbeat;
 mod pool;
 pub(crate) mod shm;
@@ -426,6 +427,23 @@ impl Net {
         (sink.piece)(0, &frame.payload);
         pool::give(frame.payload);
         Ok(())
+    }
+
+    /// Creates the shared-memory board of a communicator of `n` ranks at `path` (this is rank
+    /// `me`); its waits behave like those of the rings.
+    pub fn create_board(&self, path: &str, n: u32, me: u32) -> std::io::Result<board::Board> {
+        board::Board::create(path, n, me, self.shm.wait())
+    }
+
+    /// Maps the board another rank created (see [`Net::create_board`]).
+    pub fn open_board(&self, path: &str, n: u32, me: u32) -> std::io::Result<board::Board> {
+        board::Board::open(path, n, me, self.shm.wait())
+    }
+
+    /// Moves frames waiting in the shared-memory rings into the inbox, so that their senders
+    /// can go on while this rank waits for something else.
+    pub fn keep_moving(&self) {
+        self.shm.drain(None, &self.inbox);
     }
 
     /// Sends one frame to world rank `dst` (to itself through the inbox).

@@ -49,7 +49,7 @@ const SEQ_AT: usize = 56;
 /// First piece of a frame (its slot header carries the frame header).
 const FIRST: u8 = 1;
 /// How long a futex sleep lasts before the sleeper looks at health and the inbox again.
-const NAP: Duration = Duration::from_millis(1);
+pub(super) const NAP: Duration = Duration::from_millis(1);
 /// How long a waiter spins before it yields, when every local rank has a core.
 const SPIN: Duration = Duration::from_micros(20);
 /// How often a waiter yields before it sleeps, when the host's ranks outnumber its cores.
@@ -78,8 +78,8 @@ pub(crate) fn host_id() -> HostId {
 }
 
 /// A mapped segment; unmapped on drop (the other process keeps its own mapping).
-struct Segment {
-    ptr: *mut u8,
+pub(super) struct Segment {
+    pub(super) ptr: *mut u8,
     len: usize,
 }
 
@@ -97,12 +97,12 @@ impl Drop for Segment {
 }
 
 impl Segment {
-    fn map(file: &std::fs::File) -> std::io::Result<Segment> {
+    pub(super) fn map(file: &std::fs::File, len: usize) -> std::io::Result<Segment> {
         // SAFETY: a fresh shared mapping of a file we hold open; checked for MAP_FAILED.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                SEG_BYTES,
+                len,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED | libc::MAP_POPULATE,
                 file.as_raw_fd(),
@@ -112,7 +112,7 @@ impl Segment {
         if ptr == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
-        Ok(Segment { ptr: ptr.cast(), len: SEG_BYTES })
+        Ok(Segment { ptr: ptr.cast(), len })
     }
 }
 
@@ -233,13 +233,13 @@ impl Ring {
     }
 }
 
-fn futex_wait(word: &AtomicU32, seen: u32, timeout: Duration) {
+pub(super) fn futex_wait(word: &AtomicU32, seen: u32, timeout: Duration) {
     let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as _ };
     // SAFETY: a shared (not private) futex wait on a live 4-byte word with a relative timeout.
     unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, seen, &ts as *const libc::timespec) };
 }
 
-fn futex_wake(word: &AtomicU32) {
+pub(super) fn futex_wake(word: &AtomicU32) {
     // SAFETY: a shared futex wake on a live word.
     unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
 }
@@ -248,7 +248,7 @@ fn futex_wake(word: &AtomicU32) {
 /// waiter spins and then sleeps: yielding on a machine loaded by other work can give a whole time
 /// slice away. With more local ranks than cores it does not spin but yields, which runs the rank
 /// it waits for when that one shares its core.
-struct Backoff {
+pub(super) struct Backoff {
     n: u32,
     start: Option<Instant>,
     spin: Duration,
@@ -257,11 +257,11 @@ struct Backoff {
 }
 
 impl Backoff {
-    fn new(w: Wait) -> Self {
+    pub(super) fn new(w: Wait) -> Self {
         Backoff { n: 0, start: None, spin: w.spin, yields: w.yields, spinning: !w.spin.is_zero() }
     }
     /// True once spinning and yielding are over: the caller should sleep (and drain).
-    fn snooze(&mut self) -> bool {
+    pub(super) fn snooze(&mut self) -> bool {
         if self.spinning {
             for _ in 0..8 {
                 std::hint::spin_loop();
@@ -292,7 +292,7 @@ impl Backoff {
 
 /// How a waiter waits (see [`Backoff`]).
 #[derive(Debug, Clone, Copy, Default)]
-struct Wait {
+pub(super) struct Wait {
     spin: Duration,
     yields: u32,
 }
@@ -376,6 +376,11 @@ impl Shm {
 
     pub fn is_empty(&self) -> bool {
         self.peers.iter().all(|p| p.is_none())
+    }
+
+    /// How this host's waiters wait (spin or yield first), for other shared-memory waits.
+    pub(super) fn wait(&self) -> Wait {
+        self.wait
     }
 
     pub fn has(&self, rank: u32) -> bool {
@@ -700,7 +705,7 @@ fn offer(sock: &mut TcpStream, me: u32, peer: u32, mesh: u64) -> Result<Option<S
         .mode(0o600)
         .open(&path)
         .and_then(|f| f.set_len(SEG_BYTES as u64).map(|_| f))
-        .and_then(|f| Segment::map(&f));
+        .and_then(|f| Segment::map(&f, SEG_BYTES));
     let seg = match made {
         Ok(s) => Some(s),
         Err(e) => {
@@ -741,7 +746,7 @@ fn accept(sock: &mut TcpStream, peer: u32) -> Result<Option<ShmPeer>> {
             .write(true)
             .open(&path)
             .and_then(|f| match f.metadata()?.len() {
-                l if l == SEG_BYTES as u64 => Segment::map(&f),
+                l if l == SEG_BYTES as u64 => Segment::map(&f, SEG_BYTES),
                 l => Err(std::io::Error::other(format!("segment of {l} bytes"))),
             })
             .map_err(|e| tracing::warn!("no shared memory ({path}: {e}); using TCP"))

@@ -1,0 +1,191 @@
+//! Board allreduce for the smallest buffers on a communicator whose ranks all share one host:
+//! each rank posts its buffer on the communicator's shared-memory board and folds every post
+//! itself, in rank order (see transport/board.rs). One round of waiting, no messages; with more
+//! ranks than cores that saves the context switches that each extra round costs.
+//!
+//! Whether an allreduce goes to the board is decided when it is submitted, from what every
+//! rank shares (the host layout, HCCN_TRANSPORT, HCCN_ALGO, the size), and board operations are
+//! numbered then ("turns"), so that every rank gives the same operation the same slot even when
+//! streams run them in another order. The board itself is made by the first board operation:
+//! rank 0 creates the file and names it, every rank maps it and says so, rank 0 unlinks it and
+//! announces whether all succeeded. If not, every board operation of the communicator runs
+//! recursive doubling instead; all ranks know the same verdict.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+use super::rhd::RD;
+use super::{Algorithm, Ctx, ReduceArgs, Work};
+use crate::error::{Error, Result};
+use crate::transport::board::{Board, Watch, BOARD_BYTES, BOARD_RANKS};
+
+pub(crate) struct BoardAllreduce;
+
+/// Tags of the set-up messages, far from those of the algorithms (small step numbers).
+const TAG_NAME: u32 = 0x4000_0000;
+const TAG_MAPPED: u32 = TAG_NAME + 1;
+const TAG_VERDICT: u32 = TAG_NAME + 2;
+/// Bytes of the name message: its length, then the path.
+const NAME_MSG: usize = 128;
+
+enum Setup {
+    Pending,
+    Ready(Arc<Board>),
+    Off,
+}
+
+/// A communicator's board: whether it may have one, the turn counter, the board once made.
+pub(crate) struct BoardCell {
+    usable: bool,
+    turns: AtomicU64,
+    setup: Mutex<Setup>,
+    decided: Condvar,
+}
+
+impl BoardCell {
+    /// `shared_host`: every member is on this host (from the layout all members share);
+    /// `shm`: HCCN_TRANSPORT allows shared memory; `auto`: HCCN_ALGO leaves the choice open.
+    pub fn new(n: u32, shared_host: bool, shm: bool, auto: bool) -> BoardCell {
+        BoardCell {
+            usable: shared_host && shm && auto && (2..=BOARD_RANKS).contains(&n),
+            turns: AtomicU64::new(0),
+            setup: Mutex::new(Setup::Pending),
+            decided: Condvar::new(),
+        }
+    }
+
+    /// Whether an allreduce of `bytes` goes to the board (the same answer on every rank).
+    pub fn takes(&self, bytes: usize) -> bool {
+        self.usable && bytes > 0 && bytes <= BOARD_BYTES
+    }
+
+    /// The turn of `work` when it goes to the board; call once per operation, in submit order.
+    pub fn turn_for(&self, work: &Work) -> Option<u64> {
+        match work {
+            Work::Reduce { root: None, bytes, .. } if self.takes(*bytes) => {
+                Some(self.turns.fetch_add(1, Ordering::SeqCst))
+            }
+            _ => None,
+        }
+    }
+
+    /// False once the set-up failed: the board operations run recursive doubling.
+    pub fn is_on(&self) -> bool {
+        !matches!(*self.setup.lock().unwrap_or_else(|p| p.into_inner()), Setup::Off)
+    }
+
+    fn decide(&self, board: Option<Board>) -> Option<Arc<Board>> {
+        let board = board.map(Arc::new);
+        let mut s = self.setup.lock().unwrap_or_else(|p| p.into_inner());
+        *s = match &board {
+            Some(b) => Setup::Ready(b.clone()),
+            None => Setup::Off,
+        };
+        self.decided.notify_all();
+        board
+    }
+
+    /// The board for operation `turn`: turn 0 makes it, later turns wait for the verdict.
+    fn get(&self, ctx: &Ctx<'_>, turn: u64) -> Result<Option<Arc<Board>>> {
+        if turn == 0 {
+            return match make(ctx) {
+                Ok(b) => Ok(self.decide(b)),
+                Err(e) => {
+                    self.decide(None);
+                    Err(e)
+                }
+            };
+        }
+        let deadline = Instant::now() + ctx.timeout();
+        let mut s = self.setup.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            match &*s {
+                Setup::Ready(b) => return Ok(Some(b.clone())),
+                Setup::Off => return Ok(None),
+                Setup::Pending => {}
+            }
+            // Turn 0 was submitted before this one, on this rank: it runs or is queued.
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::timeout("the communicator's first small allreduce never ran (HCCN_TIMEOUT_MS)"));
+            }
+            s = self.decided.wait_timeout(s, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+}
+
+/// Makes the board (run by every rank in the communicator's first board operation).
+fn make(ctx: &Ctx<'_>) -> Result<Option<Board>> {
+    let (n, me) = (ctx.size(), ctx.rank());
+    if me != 0 {
+        let msg = ctx.recv(0, TAG_NAME, NAME_MSG)?;
+        let len = usize::from(msg[0]).min(NAME_MSG - 1);
+        let path = String::from_utf8_lossy(&msg[1..1 + len]).into_owned();
+        let board = (len > 0)
+            .then(|| ctx.net().open_board(&path, n, me))
+            .transpose()
+            .map_err(|e| tracing::warn!("no shared-memory board ({path}: {e}); small allreduces use messages"))
+            .ok()
+            .flatten();
+        ctx.send(0, TAG_MAPPED, &[board.is_some() as u8])?;
+        let verdict = ctx.recv(0, TAG_VERDICT, 1)?;
+        return Ok(board.filter(|_| verdict[0] == 1));
+    }
+    let (id, epoch) = ctx.comm_id();
+    let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let path = format!("/dev/shm/hccn-board-{}-{id:016x}-{epoch}-{nonce:08x}", std::process::id());
+    let board = ctx
+        .net()
+        .create_board(&path, n, me)
+        .map_err(|e| tracing::warn!("no shared-memory board ({path}: {e}); small allreduces use messages"))
+        .ok();
+    let mut msg = [0u8; NAME_MSG];
+    if board.is_some() {
+        msg[0] = path.len() as u8;
+        msg[1..1 + path.len()].copy_from_slice(path.as_bytes());
+    }
+    let mut all = board.is_some();
+    let sent = (1..n).try_for_each(|r| ctx.send(r, TAG_NAME, &msg)).and_then(|_| {
+        for r in 1..n {
+            all &= ctx.recv(r, TAG_MAPPED, 1)?[0] == 1;
+        }
+        Ok(())
+    });
+    // Mapped everywhere it will be (or never will be): the name is no longer needed.
+    if board.is_some() {
+        let _ = std::fs::remove_file(&path);
+    }
+    sent?;
+    (1..n).try_for_each(|r| ctx.send(r, TAG_VERDICT, &[all as u8]))?;
+    Ok(board.filter(|_| all))
+}
+
+impl Algorithm for BoardAllreduce {
+    fn name(&self) -> &'static str {
+        "board"
+    }
+
+    fn reduce(&self, ctx: &Ctx<'_>, w: &mut ReduceArgs<'_>) -> Result<()> {
+        let board = match ctx.turn() {
+            Some(turn) if w.root.is_none() => ctx.board_cell().get(ctx, turn)?.map(|b| (b, turn)),
+            _ => None,
+        };
+        let Some((board, turn)) = board else { return RD.reduce(ctx, w) };
+        let deadline = Instant::now() + ctx.timeout();
+        let mut quick = || ctx.health_error().map_or(Ok(()), Err);
+        let mut stalled = || {
+            ctx.net().keep_moving();
+            if Instant::now() >= deadline {
+                return Err(Error::timeout(format!(
+                    "a small allreduce waited {} ms for the other ranks on this host (HCCN_TIMEOUT_MS)",
+                    ctx.timeout().as_millis()
+                )));
+            }
+            Ok(())
+        };
+        let mut watch = Watch { quick: &mut quick, stalled: &mut stalled };
+        board.post(turn, w.acc, &mut watch)?;
+        board.fold(turn, w.acc, w.dt, w.op, &mut watch)
+    }
+}

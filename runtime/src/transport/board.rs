@@ -1,0 +1,207 @@
+//! A board in shared memory for the smallest allreduces of a communicator whose ranks all share
+//! one host: every rank posts its buffer in its own slot and folds all slots itself, in rank
+//! order, so the operation costs one round of waiting instead of log2 n (recursive doubling)
+//! rounds of messages. When the host's ranks outnumber its cores each round means a context
+//! switch per core, which is what a tiny allreduce's time is made of.
+//!
+//! A rank has [`TURNS`] slots, used in turn by the communicator's board operations (numbered
+//! alike on every rank when they are submitted, see `collectives/board.rs`). A slot holds a
+//! sequence word (turn + 1 once written), the payload (inline in the sequence word's cache line
+//! when it is small) and a count of the ranks (the writer too) that have read it. A writer waits
+//! until all ranks have read what the slot held `TURNS` turns ago, so no rank overwrites a buffer
+//! that another has yet to fold; a reader waits for the sequence word. Waits spin or yield as the rings do
+//! (see shm.rs), then sleep on the board's futex, woken by writes and reads.
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::OpenOptionsExt;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use super::shm::{futex_wait, futex_wake, Backoff, Segment, Wait, NAP};
+use crate::error::{Error, Result};
+use crate::reduce;
+use crate::types::{DataType, ReduceOp};
+
+/// Largest payload a board slot holds: allreduces up to this size use the board.
+pub(crate) const BOARD_BYTES: usize = 4096;
+/// Most ranks a board serves (its size grows with the ranks).
+pub(crate) const BOARD_RANKS: u32 = 64;
+/// Slots per rank: board operations that may be in flight at once on different streams.
+const TURNS: u64 = 4;
+const LINE: usize = 64;
+/// Payloads up to this size travel in the sequence word's cache line.
+const INLINE: usize = LINE - 8;
+/// Sequence line, read-count line, payload.
+const SLOT: usize = 2 * LINE + BOARD_BYTES;
+const MAGIC: u64 = 0x4843_434e_4252_4431; // "HCCNBRD1"
+
+/// Bytes of a board for `n` ranks: a control line (magic, futex word, sleepers), then the slots.
+fn board_bytes(n: u32) -> usize {
+    LINE + n as usize * TURNS as usize * SLOT
+}
+
+/// One communicator's board, mapped by each of its ranks.
+pub(crate) struct Board {
+    seg: Segment,
+    n: u32,
+    me: u32,
+    wait: Wait,
+}
+
+// SAFETY: the mapping is shared memory accessed through atomics and through slots whose
+// ownership the turn protocol hands over (see the module comment).
+unsafe impl Send for Board {}
+// SAFETY: as above.
+unsafe impl Sync for Board {}
+
+/// What a waiter does while it waits: `quick` after each look (cheap health checks), `stalled`
+/// before each sleep (keep other traffic moving, the deadline). Either ends the wait with an error.
+pub(crate) struct Watch<'a> {
+    pub quick: &'a mut dyn FnMut() -> Result<()>,
+    pub stalled: &'a mut dyn FnMut() -> Result<()>,
+}
+
+impl Board {
+    /// Creates the board file at `path` (which must not exist) for `n` ranks and maps it.
+    pub(super) fn create(path: &str, n: u32, me: u32, wait: Wait) -> std::io::Result<Board> {
+        let len = board_bytes(n);
+        let file = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(path)?;
+        file.set_len(len as u64)?;
+        let board = Board { seg: Segment::map(&file, len)?, n, me, wait };
+        board.word64(0).store(MAGIC, Ordering::Release);
+        Ok(board)
+    }
+
+    /// Maps the board another rank created at `path`, checking its size and mark.
+    pub(super) fn open(path: &str, n: u32, me: u32, wait: Wait) -> std::io::Result<Board> {
+        if !path.starts_with("/dev/shm/hccn-board-") || path.contains("..") {
+            return Err(std::io::Error::other(format!("{path:?} is not a board name")));
+        }
+        let len = board_bytes(n);
+        let file = OpenOptions::new().read(true).write(true).open(path)?;
+        let have = file.metadata()?.len();
+        if have != len as u64 {
+            return Err(std::io::Error::other(format!("board of {have} bytes where {len} were expected")));
+        }
+        let board = Board { seg: Segment::map(&file, len)?, n, me, wait };
+        if board.word64(0).load(Ordering::Acquire) != MAGIC {
+            return Err(std::io::Error::other("board not initialised"));
+        }
+        Ok(board)
+    }
+
+    fn at(&self, off: usize) -> *mut u8 {
+        debug_assert!(off < board_bytes(self.n));
+        // SAFETY: every offset computed below lies inside the mapping (board_bytes(n)).
+        unsafe { self.seg.ptr.add(off) }
+    }
+    fn word64(&self, off: usize) -> &AtomicU64 {
+        // SAFETY: an 8-byte aligned offset inside a live, page-aligned shared mapping, which is
+        // only accessed atomically at this offset.
+        unsafe { AtomicU64::from_ptr(self.at(off).cast()) }
+    }
+    fn word32(&self, off: usize) -> &AtomicU32 {
+        // SAFETY: as in `word64`, 4-byte aligned.
+        unsafe { AtomicU32::from_ptr(self.at(off).cast()) }
+    }
+    fn futex(&self) -> &AtomicU32 {
+        self.word32(8)
+    }
+    fn sleepers(&self) -> &AtomicU32 {
+        self.word32(12)
+    }
+    fn slot(&self, rank: u32, turn: u64) -> usize {
+        LINE + (rank as usize * TURNS as usize + (turn % TURNS) as usize) * SLOT
+    }
+    fn seq(&self, rank: u32, turn: u64) -> &AtomicU64 {
+        self.word64(self.slot(rank, turn))
+    }
+    fn reads(&self, rank: u32, turn: u64) -> &AtomicU32 {
+        self.word32(self.slot(rank, turn) + LINE)
+    }
+    fn payload(&self, rank: u32, turn: u64, len: usize) -> *mut u8 {
+        let at = if len <= INLINE { 8 } else { 2 * LINE };
+        self.at(self.slot(rank, turn) + at)
+    }
+
+    fn wake(&self) {
+        if self.sleepers().load(Ordering::SeqCst) > 0 {
+            self.futex().fetch_add(1, Ordering::SeqCst);
+            futex_wake(self.futex());
+        }
+    }
+
+    fn wait_until(&self, ready: &dyn Fn() -> bool, watch: &mut Watch<'_>) -> Result<()> {
+        let mut backoff = Backoff::new(self.wait);
+        loop {
+            if ready() {
+                return Ok(());
+            }
+            (watch.quick)()?;
+            if backoff.snooze() {
+                (watch.stalled)()?;
+                let seen = self.futex().load(Ordering::SeqCst);
+                self.sleepers().fetch_add(1, Ordering::SeqCst);
+                if !ready() {
+                    futex_wait(self.futex(), seen, NAP);
+                }
+                self.sleepers().fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Posts this rank's `data` for board operation `turn`, once every rank has read what its
+    /// slot held `TURNS` turns ago.
+    pub fn post(&self, turn: u64, data: &[u8], watch: &mut Watch<'_>) -> Result<()> {
+        if data.len() > BOARD_BYTES {
+            return Err(Error::internal(format!("{} bytes do not fit a board slot", data.len())));
+        }
+        let (me, readers) = (self.me, self.n);
+        let before = turn.checked_sub(TURNS).map_or(0, |t| t + 1);
+        let free = || {
+            self.seq(me, turn).load(Ordering::Acquire) == before
+                && (before == 0 || self.reads(me, turn).load(Ordering::Acquire) == readers)
+        };
+        self.wait_until(&free, watch).map_err(|e| {
+            let (seq, reads) =
+                (self.seq(me, turn).load(Ordering::Relaxed), self.reads(me, turn).load(Ordering::Relaxed));
+            e.context(format!(
+                "board turn {turn}: this rank's slot still holds turn {seq} - 1, read by {reads} of {readers}"
+            ))
+        })?;
+        self.reads(me, turn).store(0, Ordering::Relaxed);
+        // SAFETY: the slot is ours: every rank has read its previous turn and none reads it
+        // again before the sequence word below says so; the payload fits (checked above).
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.payload(me, turn, data.len()), data.len()) };
+        self.seq(me, turn).store(turn + 1, Ordering::Release);
+        self.wake();
+        Ok(())
+    }
+
+    /// Folds every rank's post of `turn` into `acc` in rank order (the same bits on every
+    /// rank): `acc = p0 op p1 op ... op p(n-1)`. This rank's own post must be on the board.
+    pub fn fold(&self, turn: u64, acc: &mut [u8], dt: DataType, op: ReduceOp, watch: &mut Watch<'_>) -> Result<()> {
+        let len = acc.len();
+        for rank in 0..self.n {
+            let seq = self.seq(rank, turn);
+            self.wait_until(&|| seq.load(Ordering::Acquire) == turn + 1, watch).map_err(|e| {
+                let held = seq.load(Ordering::Relaxed);
+                e.context(format!("board turn {turn}: rank {rank} has not posted (its slot holds turn {held} - 1)"))
+            })?;
+            // SAFETY: the writer published this slot for `turn` (Acquire above) and does not
+            // touch it again until this rank has counted its read below.
+            let post = unsafe { std::slice::from_raw_parts(self.payload(rank, turn, len), len) };
+            if rank == 0 {
+                acc.copy_from_slice(post);
+            } else {
+                reduce::reduce_into(acc, post, dt, op);
+            }
+            // Counted for our own post too: a later turn of ours may run on another stream and
+            // must not overwrite the slot before this fold has read it.
+            self.reads(rank, turn).fetch_add(1, Ordering::AcqRel);
+            if rank != self.me {
+                self.wake();
+            }
+        }
+        Ok(())
+    }
+}
