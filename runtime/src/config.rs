@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use crate::collectives::select::AlgoChoice;
+use crate::collectives::select::{AlgoChoice, LinkCost, LinkCosts, TransportKind};
 use crate::error::{Error, Result};
 use crate::rendezvous::StoreAddr;
 
@@ -28,6 +28,7 @@ pub const VARIABLES: &[Variable] = &[
     Variable { name: "HCCN_BIND_ADDR", default: "`127.0.0.1`", meaning: "Address that ranks and the embedded store listen on (never all interfaces unless asked)." },
     Variable { name: "HCCN_CHUNK_BYTES", default: "`524288`", meaning: "Largest pipeline chunk of the algorithms (4 KiB .. 8 MiB); the cost model may choose smaller chunks per operation." },
     Variable { name: "HCCN_ALGO", default: "`auto`", meaning: "Algorithm of the collectives that have a choice (allreduce above all): `auto` (the cost model decides per operation), `ring`, `rhd` (recursive halving-doubling), `tree`, `hier`; see docs/algorithms.md. An algorithm that cannot run an allreduce on the communicator is an error." },
+    Variable { name: "HCCN_LINK_COST", default: "`measure`", meaning: "Latency and bandwidth per transport for the cost model: `measure` (world rank 0 times a shared-memory and a TCP peer when the world forms, about 20 small and 3 1-MiB round trips each, and sends the figures to every rank), `default` (the built-in figures), or a list such as `shm=0.8us:9GB/s,tcp=40us:2.2GB/s` (kinds `shm`, `tcp`, `local`; units `us`/`ms` and `GB/s`/`MB/s`; unnamed kinds keep the built-in figures). World rank 0's setting is the one every rank uses; see docs/algorithms.md." },
     Variable { name: "HCCN_HEARTBEAT_MS", default: "`100`", meaning: "Interval of the heartbeat each rank sends on every connection; `0` turns heartbeats (and silence detection) off." },
     Variable { name: "HCCN_DEAD_AFTER_MS", default: "`800`", meaning: "A peer silent this long (no frame, no heartbeat, nothing waiting in its socket) is declared failed: a frozen process or a cut link. Raise it where ranks may stall longer without being dead (dead versus slow)." },
     Variable { name: "HCCN_LEASE_TTL_S", default: "`2`", meaning: "With an etcd store, each world communicator's membership key lives on a lease of this many seconds, kept alive in the background: a backstop that declares a rank failed when its process dies or freezes, even with heartbeats off (1 .. 3600; etcd may round it up)." },
@@ -54,6 +55,10 @@ pub const LOCAL_ALPHA_US: f64 = 0.5;
 pub const LOCAL_GBPS: f64 = 10.0;
 /// The reduction kernels (f32 sum, out of cache).
 pub const REDUCE_GBPS: f64 = 8.0;
+/// Link figures outside these ranges are a mistake (a unit, a measurement disturbed by load):
+/// HCCN_LINK_COST refuses them and a measurement falls back to the built-in figures.
+pub const LINK_ALPHA_US: std::ops::RangeInclusive<f64> = 0.05..=10_000.0;
+pub const LINK_GBPS: std::ops::RangeInclusive<f64> = 0.05..=200.0;
 
 /// Largest frame payload a peer may send; any larger header closes the connection.
 pub const MAX_CHUNK_BYTES: usize = 8 << 20;
@@ -100,6 +105,84 @@ pub struct Config {
     pub device_id: Option<i32>,
     /// `HCCN_TRANSPORT`.
     pub transport: Transport,
+    /// `HCCN_LINK_COST`: where the cost model's link figures come from.
+    pub link_cost: LinkCostSource,
+}
+
+/// Where the link figures of the cost model come from (`HCCN_LINK_COST`); world rank 0's
+/// setting decides for the whole world.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum LinkCostSource {
+    /// Timed by world rank 0 when a world forms.
+    #[default]
+    Measure,
+    /// The built-in figures ([`LinkCosts::builtin`]).
+    Builtin,
+    /// Given in the variable (the built-in figures for kinds it does not name).
+    Explicit(LinkCosts),
+}
+
+// The parser accepts only finite figures within LINK_ALPHA_US and LINK_GBPS: never NaN.
+impl Eq for LinkCostSource {}
+
+impl LinkCostSource {
+    /// Parses `measure`, `default`, or `kind=LATENCY:BANDWIDTH,...`.
+    pub fn parse(value: &str) -> Result<Self> {
+        let v = value.trim();
+        match v.to_ascii_lowercase().as_str() {
+            "" | "measure" => return Ok(LinkCostSource::Measure),
+            "default" => return Ok(LinkCostSource::Builtin),
+            _ => {}
+        }
+        let mut costs = LinkCosts::builtin();
+        let mut named: Vec<TransportKind> = Vec::new();
+        for item in v.split(',') {
+            let (kind, cost) = parse_link(item.trim())
+                .map_err(|why| Error::invalid(format!("HCCN_LINK_COST={value:?}: {why} in {:?}", item.trim())))?;
+            if named.contains(&kind) {
+                return Err(Error::invalid(format!("HCCN_LINK_COST={value:?}: {} is given twice", kind.name())));
+            }
+            named.push(kind);
+            costs.set(kind, cost);
+        }
+        Ok(LinkCostSource::Explicit(costs))
+    }
+}
+
+const LINK_COST_FORM: &str = "expected `measure`, `default` or KIND=LATENCY:BANDWIDTH (KIND shm, tcp or local, \
+     LATENCY in us or ms, BANDWIDTH in GB/s or MB/s, e.g. shm=0.8us:9GB/s), comma-separated";
+
+/// One `kind=latency:bandwidth` item.
+fn parse_link(item: &str) -> std::result::Result<(TransportKind, LinkCost), String> {
+    let (kind, figures) = item.split_once('=').ok_or(LINK_COST_FORM)?;
+    let kind = TransportKind::ALL
+        .into_iter()
+        .find(|k| k.name() == kind.trim().to_ascii_lowercase())
+        .ok_or_else(|| format!("unknown transport {:?} (shm, tcp or local)", kind.trim()))?;
+    let (latency, bandwidth) = figures.split_once(':').ok_or(LINK_COST_FORM)?;
+    let alpha_us = with_unit(latency, &[("us", 1.0), ("µs", 1.0), ("ms", 1000.0)], "a latency in us or ms")?;
+    let gbps = with_unit(bandwidth, &[("gb/s", 1.0), ("mb/s", 1e-3)], "a bandwidth in GB/s or MB/s")?;
+    if !LINK_ALPHA_US.contains(&alpha_us) {
+        return Err(format!("latency {alpha_us} us is outside {}..={} us", LINK_ALPHA_US.start(), LINK_ALPHA_US.end()));
+    }
+    if !LINK_GBPS.contains(&gbps) {
+        return Err(format!("bandwidth {gbps} GB/s is outside {}..={} GB/s", LINK_GBPS.start(), LINK_GBPS.end()));
+    }
+    Ok((kind, LinkCost::new(alpha_us, gbps)))
+}
+
+/// A number followed by one of `units` (case-insensitive), scaled by the unit's factor.
+fn with_unit(text: &str, units: &[(&str, f64)], what: &str) -> std::result::Result<f64, String> {
+    let t = text.trim().to_lowercase();
+    let (number, factor) = units
+        .iter()
+        .find_map(|(u, f)| t.strip_suffix(u).map(|n| (n.trim(), *f)))
+        .ok_or_else(|| format!("{:?} is not {what}", text.trim()))?;
+    let x: f64 = number.parse().map_err(|_| format!("{:?} is not {what}", text.trim()))?;
+    if !x.is_finite() {
+        return Err(format!("{:?} is not {what}", text.trim()));
+    }
+    Ok(x * factor)
 }
 
 /// Which library moves the data of new communicators.
@@ -143,6 +226,7 @@ impl Default for Config {
             acl_lib: None,
             device_id: None,
             transport: Transport::Auto,
+            link_cost: LinkCostSource::Measure,
         }
     }
 }
@@ -206,6 +290,9 @@ impl Config {
                 "shm" => Transport::Shm,
                 _ => return Err(Error::invalid(format!("HCCN_TRANSPORT={v:?} is not auto, tcp or shm"))),
             };
+        }
+        if let Some(v) = get("HCCN_LINK_COST") {
+            c.link_cost = LinkCostSource::parse(&v)?;
         }
         if let Some(v) = get("HCCN_LOG") {
             c.log = v;
@@ -312,6 +399,56 @@ mod tests {
         }
         let e = Config::from_lookup(lookup(&[("HCCN_TRANSPORT", "rdma")])).err().map(|e| e.to_string());
         assert!(e.is_some_and(|m| m.contains("HCCN_TRANSPORT")));
+    }
+
+    fn link_cost(v: &str) -> std::result::Result<LinkCostSource, String> {
+        Config::from_lookup(lookup(&[("HCCN_LINK_COST", v)])).map(|c| c.link_cost).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn link_cost_modes_and_lists() {
+        assert_eq!(Config::default().link_cost, LinkCostSource::Measure);
+        assert_eq!(link_cost("measure"), Ok(LinkCostSource::Measure));
+        assert_eq!(link_cost(" Default "), Ok(LinkCostSource::Builtin));
+        let Ok(LinkCostSource::Explicit(c)) = link_cost("shm=0.8us:9GB/s, tcp=40us:2.2GB/s") else {
+            panic!("a valid list: {:?}", link_cost("shm=0.8us:9GB/s, tcp=40us:2.2GB/s"))
+        };
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9 * b.abs().max(1.0);
+        assert!(close(c.shm.alpha_us(), 0.8) && close(c.shm.gbps(), 9.0), "{c}");
+        assert!(close(c.tcp.alpha_us(), 40.0) && close(c.tcp.gbps(), 2.2), "{c}");
+        assert_eq!(c.local, LinkCosts::builtin().local, "unnamed kinds keep the built-in figures");
+        // Units: ms and MB/s, any case, spaces around numbers.
+        let Ok(LinkCostSource::Explicit(c)) = link_cost("TCP = 2 ms : 500 MB/s") else { panic!("units") };
+        assert!(close(c.tcp.alpha_us(), 2000.0) && close(c.tcp.gbps(), 0.5), "{c}");
+        assert_eq!(c.shm, LinkCosts::builtin().shm);
+        // What Display prints parses back to the same figures.
+        let Ok(LinkCostSource::Explicit(back)) = link_cost(&c.to_string()) else { panic!("round trip of {c}") };
+        assert!(close(back.tcp.alpha_us(), 2000.0) && close(back.local.gbps(), c.local.gbps()), "{back}");
+    }
+
+    #[test]
+    fn link_cost_garbage_is_refused_with_the_reason() {
+        for (v, needle) in [
+            ("fast", "expected `measure`"),
+            ("shm", "expected `measure`"),
+            ("shm=1us", "expected `measure`"),
+            ("rdma=1us:1GB/s", "unknown transport \"rdma\""),
+            ("shm=1:1GB/s", "not a latency"),
+            ("shm=1s:1GB/s", "not a latency"),
+            ("shm=xus:1GB/s", "not a latency"),
+            ("shm=NaNus:1GB/s", "not a latency"),
+            ("shm=1us:1Gb", "not a bandwidth"),
+            ("shm=1us:infGB/s", "not a bandwidth"),
+            ("shm=0us:1GB/s", "outside"),
+            ("shm=-1us:1GB/s", "outside"),
+            ("tcp=1us:1000GB/s", "outside"),
+            ("tcp=20ms:1GB/s", "outside"),
+            ("shm=1us:1GB/s,", "expected `measure`"),
+            ("shm=1us:1GB/s,shm=2us:1GB/s", "given twice"),
+        ] {
+            let e = link_cost(v).err().unwrap_or_else(|| panic!("{v:?} was accepted"));
+            assert!(e.contains("HCCN_LINK_COST") && e.contains(needle), "{v:?}: {e}");
+        }
     }
 
     #[test]

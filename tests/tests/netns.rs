@@ -245,7 +245,8 @@ fn two_ranks_per_host_allreduce_hierarchically_over_shm_inside_and_tcp_between()
     // Sizes from one element to several chunks per segment, each checked element by element.
     let args = ["-b", "4", "-e", "256K", "-f", "8", "-c", "-w", "1", "-n", "2"];
     // Forced: for the smallest sizes the cost model rightly prefers recursive doubling.
-    let env = [("HCCN_TRACE", trace_dir.as_str()), ("HCCN_LOG", "hccn_runtime::transport=info"), ("HCCN_ALGO", "hier")];
+    let log = "hccn_runtime::transport=info,hccn_runtime::transport::linkcost=debug";
+    let env = [("HCCN_TRACE", trace_dir.as_str()), ("HCCN_LOG", log), ("HCCN_ALGO", "hier")];
     let (a, b) = hosts.run_with(&store, 2, &perf, &args, &env, || {});
     let files: Vec<String> = std::fs::read_dir(&trace)
         .map(|d| d.filter_map(|e| e.ok()).filter_map(|e| std::fs::read_to_string(e.path()).ok()).collect())
@@ -260,6 +261,20 @@ fn two_ranks_per_host_allreduce_hierarchically_over_shm_inside_and_tcp_between()
     {
         let want = format!("data link rank={r} peer={p} transport=\"{t}\"");
         assert!(all.contains(&want), "no {want:?} in\n{all}");
+    }
+    // Rank 0 measured shared memory to rank 1 and TCP to host B, and every rank took its figures.
+    let agreed: Vec<&str> = all
+        .lines()
+        .filter(|l| l.contains("link costs agreed"))
+        .filter_map(|l| l.split_once("costs=").and_then(|(_, c)| c.split_whitespace().next()))
+        .collect();
+    assert_eq!(agreed.len(), 4, "one agreement per rank in\n{all}");
+    assert!(agreed.iter().all(|c| *c == agreed[0]), "ranks disagree: {agreed:?}");
+    assert!(all.contains("source=\"measured\""), "{all}");
+    if !all.contains("using the built-in") {
+        for builtin in ["shm=1.000us:8.000GB/s", "tcp=50.000us:2.500GB/s"] {
+            assert!(!agreed[0].contains(builtin), "not measured: {}", agreed[0]);
+        }
     }
     // Every rank traced its allreduces as run by the hierarchical algorithm.
     assert_eq!(files.len(), 4, "one trace per rank in {trace_dir}");

@@ -93,6 +93,11 @@ impl<'a> Ctx<'a> {
         }
     }
 
+    /// The link figures the world agreed on at creation (see `transport::linkcost`).
+    pub fn link_costs(&self) -> super::select::LinkCosts {
+        self.comm.net.costs
+    }
+
     /// A `tracing` span for the operation this context runs (HCCN_LOG=hccn_runtime=debug).
     pub fn span(&self, algorithm: &str) -> tracing::Span {
         tracing::debug_span!(

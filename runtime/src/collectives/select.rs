@@ -4,8 +4,12 @@
 //! [`Model`] (world size, latency α and inverse bandwidth β of the links the algorithm crosses,
 //! the reduction's cost γ per byte, the host layout) and the buffer size. The cheapest applicable
 //! candidate runs, unless `HCCN_ALGO` forces one; the model also picks the pipeline chunk.
-//! A new transport adds a [`TransportKind`] with its default [`LinkCost`]; a new algorithm (the
-//! hierarchical one) adds a candidate whose cost function returns `None` where it cannot run.
+//!
+//! α and β per transport kind are the world's [`LinkCosts`]: measured once by world rank 0 when
+//! the world forms and sent to every rank (`transport::linkcost`), or set by `HCCN_LINK_COST`,
+//! so that every rank builds the same model; sub-communicators, shrinks and rebuilds keep their
+//! world's figures. A new transport adds a [`TransportKind`] with its built-in [`LinkCost`]; a
+//! new algorithm adds a candidate whose cost function returns `None` where it cannot run.
 
 use super::dissemination::Dissemination;
 use super::linear::Linear;
@@ -76,6 +80,19 @@ pub struct LinkCost {
 }
 
 impl LinkCost {
+    /// A link of `alpha_us` µs per message and `gbps` GB/s.
+    pub fn new(alpha_us: f64, gbps: f64) -> LinkCost {
+        LinkCost { alpha: alpha_us * 1e-6, beta: 1.0 / (gbps * 1e9) }
+    }
+
+    pub fn alpha_us(self) -> f64 {
+        self.alpha * 1e6
+    }
+
+    pub fn gbps(self) -> f64 {
+        1e-9 / self.beta
+    }
+
     /// Seconds to move one message of `bytes`.
     fn msg(self, bytes: f64) -> f64 {
         self.alpha + bytes * self.beta
@@ -88,14 +105,72 @@ impl LinkCost {
 }
 
 impl TransportKind {
-    /// Default cost (config.rs), measured on the 2-core development machine.
+    pub const ALL: [TransportKind; 3] = [TransportKind::Local, TransportKind::Shm, TransportKind::Tcp];
+
+    /// Built-in cost (config.rs), measured on the 2-core development machine.
     pub fn default_cost(self) -> LinkCost {
-        let (alpha_us, gbps) = match self {
-            TransportKind::Local => (config::LOCAL_ALPHA_US, config::LOCAL_GBPS),
-            TransportKind::Tcp => (config::TCP_ALPHA_US, config::TCP_GBPS),
-            TransportKind::Shm => (config::SHM_ALPHA_US, config::SHM_GBPS),
-        };
-        LinkCost { alpha: alpha_us * 1e-6, beta: 1.0 / (gbps * 1e9) }
+        match self {
+            TransportKind::Local => LinkCost::new(config::LOCAL_ALPHA_US, config::LOCAL_GBPS),
+            TransportKind::Tcp => LinkCost::new(config::TCP_ALPHA_US, config::TCP_GBPS),
+            TransportKind::Shm => LinkCost::new(config::SHM_ALPHA_US, config::SHM_GBPS),
+        }
+    }
+
+    /// The name HCCN_LINK_COST uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::Local => "local",
+            TransportKind::Tcp => "tcp",
+            TransportKind::Shm => "shm",
+        }
+    }
+}
+
+/// The cost of every transport kind, as the cost model of a world's communicators sees them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinkCosts {
+    pub local: LinkCost,
+    pub shm: LinkCost,
+    pub tcp: LinkCost,
+}
+
+impl LinkCosts {
+    /// The built-in figures of config.rs.
+    pub fn builtin() -> LinkCosts {
+        LinkCosts {
+            local: TransportKind::Local.default_cost(),
+            shm: TransportKind::Shm.default_cost(),
+            tcp: TransportKind::Tcp.default_cost(),
+        }
+    }
+
+    pub fn get(&self, kind: TransportKind) -> LinkCost {
+        match kind {
+            TransportKind::Local => self.local,
+            TransportKind::Shm => self.shm,
+            TransportKind::Tcp => self.tcp,
+        }
+    }
+
+    pub fn set(&mut self, kind: TransportKind, cost: LinkCost) {
+        match kind {
+            TransportKind::Local => self.local = cost,
+            TransportKind::Shm => self.shm = cost,
+            TransportKind::Tcp => self.tcp = cost,
+        }
+    }
+}
+
+/// In HCCN_LINK_COST's syntax (`local=0.500us:10.000GB/s,shm=...,tcp=...`), so that a logged
+/// value can be pasted into the variable.
+impl std::fmt::Display for LinkCosts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, kind) in TransportKind::ALL.into_iter().enumerate() {
+            let c = self.get(kind);
+            let sep = if i == 0 { "" } else { "," };
+            write!(f, "{sep}{}={:.3}us:{:.3}GB/s", kind.name(), c.alpha_us(), c.gbps())?;
+        }
+        Ok(())
     }
 }
 
@@ -118,31 +193,46 @@ pub struct Model {
     pub gamma: f64,
     /// HCCN_CHUNK_BYTES.
     pub max_chunk: usize,
+    /// The figures `set_layout` takes its links from.
+    pub costs: LinkCosts,
+}
+
+/// The link figures of the communicator `ctx` runs on: its world's agreed ones when every
+/// member's host is known. A world that admitted joiners has no layout anywhere, and its
+/// joiners never took part in the agreement, so every member falls back to the built-in
+/// figures there, which all processes share.
+pub(crate) fn costs_of(ctx: &Ctx<'_>) -> LinkCosts {
+    match ctx.hosts() {
+        Some(_) => ctx.link_costs(),
+        None => LinkCosts::builtin(),
+    }
 }
 
 impl Model {
-    /// A communicator of `n` ranks whose links are all of `kind`, on one host.
-    pub fn uniform(n: u32, kind: TransportKind, max_chunk: usize) -> Model {
-        let link = (n > 1).then(|| kind.default_cost());
+    /// A communicator of `n` ranks whose links are all of `kind`, on one host, with the link
+    /// figures `costs`.
+    pub fn uniform(n: u32, kind: TransportKind, costs: &LinkCosts, max_chunk: usize) -> Model {
         Model {
             n,
             intra: None,
-            inter: link,
+            inter: (n > 1).then(|| costs.get(kind)),
             hosts: 1,
             min_per_host: n,
             hier: false,
             gamma: 1.0 / (config::REDUCE_GBPS * 1e9),
             max_chunk,
+            costs: *costs,
         }
     }
 
     /// The model of the communicator `ctx` runs on. Every rank must build the same model
     /// (sender and receiver cut the same chunks and run the same algorithm), so it comes from
-    /// what all members share, the host layout and the process-wide HCCN_TRANSPORT, never from
-    /// this rank's own links. Without a layout (a world that admitted joiners) every link
-    /// counts as TCP.
+    /// what all members share: the host layout, the process-wide HCCN_TRANSPORT and the link
+    /// figures the world agreed on at creation, never from this rank's own links. Without a
+    /// layout (a world that admitted joiners) every link counts as TCP.
     fn of(ctx: &Ctx<'_>) -> Model {
-        let mut m = Model::uniform(ctx.size(), TransportKind::Tcp, ctx.max_chunk());
+        let costs = costs_of(ctx);
+        let mut m = Model::uniform(ctx.size(), TransportKind::Tcp, &costs, ctx.max_chunk());
         if let Some(hosts) = ctx.hosts() {
             m.set_layout(hosts, ctx.intra_kind());
         }
@@ -150,14 +240,14 @@ impl Model {
     }
 
     /// Fills in the host layout: `hosts[r]` is rank r's host index; ranks of one host talk
-    /// over `intra`, hosts over TCP.
+    /// over `intra`, hosts over TCP, at the model's link figures.
     pub fn set_layout(&mut self, hosts: &[u32], intra: TransportKind) {
         let count = hosts.iter().max().map_or(1, |h| h + 1);
         let per_host: Vec<u32> = (0..count).map(|h| hosts.iter().filter(|&&x| x == h).count() as u32).collect();
         self.hosts = count;
         self.min_per_host = per_host.iter().copied().min().unwrap_or(1).max(1);
-        self.intra = per_host.iter().any(|&c| c > 1).then(|| intra.default_cost());
-        self.inter = (count > 1).then(|| TransportKind::Tcp.default_cost());
+        self.intra = per_host.iter().any(|&c| c > 1).then(|| self.costs.get(intra));
+        self.inter = (count > 1).then_some(self.costs.tcp);
         self.hier = super::hier::applies(Some(hosts));
     }
 
@@ -166,7 +256,7 @@ impl Model {
         match (self.intra, self.inter) {
             (Some(a), Some(b)) => a.worst(b),
             (Some(a), None) | (None, Some(a)) => a,
-            (None, None) => TransportKind::Local.default_cost(),
+            (None, None) => self.costs.local,
         }
     }
 
@@ -329,10 +419,12 @@ pub const OPS: &[&str] = &[
 ];
 
 /// The algorithm that [`select`] would run for collective `op` (an `Op::name`) over `bytes`
-/// (the whole buffer) on `size` ranks connected by TCP, with the default chunk; `None` for a
-/// name not in [`OPS`]. For tools that show the choice (hccn-info).
+/// (the whole buffer) on `size` ranks connected by TCP at the built-in link figures (no world
+/// measured them), with the default chunk; `None` for a name not in [`OPS`]. For tools that
+/// show the choice without a communicator (hccn-info).
 pub fn algorithm_name(op: &str, bytes: usize, size: u32) -> Option<&'static str> {
-    let m = Model::uniform(size.max(1), TransportKind::Tcp, config::Config::default().chunk_bytes);
+    let chunk = config::Config::default().chunk_bytes;
+    let m = Model::uniform(size.max(1), TransportKind::Tcp, &LinkCosts::builtin(), chunk);
     plan_name(op, bytes, &m, AlgoChoice::Auto).ok().flatten().map(|(a, _)| a)
 }
 
@@ -371,7 +463,7 @@ mod tests {
     use super::*;
 
     fn tcp(n: u32) -> Model {
-        Model::uniform(n, TransportKind::Tcp, 512 << 10)
+        Model::uniform(n, TransportKind::Tcp, &LinkCosts::builtin(), 512 << 10)
     }
 
     fn pick(m: &Model, bytes: usize) -> (&'static str, usize) {
@@ -494,5 +586,46 @@ mod tests {
         assert_eq!(uneven.min_per_host, 1);
         let forced = plan_name("allreduce", 1024, &uneven, AlgoChoice::Hier).ok().flatten().map(|p| p.0);
         assert_eq!(forced, Some("hier"));
+    }
+
+    /// One host of `n` ranks over shared memory, at the figures `costs`.
+    fn one_host(n: u32, costs: &LinkCosts) -> Model {
+        let mut m = Model::uniform(n, TransportKind::Tcp, costs, 512 << 10);
+        m.set_layout(&vec![0; n as usize], TransportKind::Shm);
+        m
+    }
+
+    #[test]
+    fn the_agreed_link_costs_move_the_choice() {
+        let builtin = LinkCosts::builtin();
+        let mut slow_shm = builtin;
+        slow_shm.set(TransportKind::Shm, LinkCost::new(5000.0, 8.0));
+        // 1 MiB on 4 ranks: at µs latency Rabenseifner (its 4 messages cost little next to the
+        // bytes); at 5 ms per message the fewest messages win: recursive doubling's 2.
+        assert_eq!(pick(&one_host(4, &builtin), 1 << 20).0, "rhd");
+        assert_eq!(pick(&one_host(4, &slow_shm), 1 << 20).0, "rd");
+        assert_eq!(one_host(4, &slow_shm).intra, Some(slow_shm.shm), "the layout takes the given figures");
+        // 3 ranks: the ring gives way to the log-step algorithm the same way.
+        assert_eq!(pick(&one_host(3, &builtin), 1 << 20).0, "ring");
+        assert_eq!(pick(&one_host(3, &slow_shm), 1 << 20).0, "rd");
+        // Only the kinds a communicator's links use count: TCP does not matter on one host...
+        let mut slow_tcp = builtin;
+        slow_tcp.set(TransportKind::Tcp, LinkCost::new(5000.0, 0.1));
+        assert_eq!(pick(&one_host(4, &slow_tcp), 1 << 20).0, "rhd");
+        // ...but across hosts it does.
+        let mut two_by_two = Model::uniform(4, TransportKind::Tcp, &slow_tcp, 512 << 10);
+        two_by_two.set_layout(&[0, 0, 1, 1], TransportKind::Shm);
+        assert_eq!(two_by_two.inter, Some(slow_tcp.tcp));
+        // And the pipeline chunk grows with α (√(α·step/γ)).
+        let fast = chunk_for(&one_host(2, &builtin), f64::from(1 << 20));
+        let mut slower = builtin;
+        slower.set(TransportKind::Shm, LinkCost::new(20.0, 8.0));
+        assert!(chunk_for(&one_host(2, &slower), f64::from(1 << 20)) > fast, "{fast}");
+    }
+
+    #[test]
+    fn link_costs_print_in_the_variables_syntax() {
+        let s = LinkCosts::builtin().to_string();
+        assert_eq!(s, "local=0.500us:10.000GB/s,shm=1.000us:8.000GB/s,tcp=50.000us:2.500GB/s");
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::rendezvous::{Store, StoreAddr, StoreServer, TcpStore, UniqueId};
-use crate::transport::tcp;
+use crate::transport::{linkcost, tcp};
 
 /// Stores started by `new_unique_id`; they serve until the process exits, as the root's
 /// bootstrap listener does in NCCL.
@@ -69,7 +69,10 @@ impl Communicator {
     fn bootstrap(store: &dyn Store, origin: Arc<Origin>, rank: u32, size: u32) -> Result<Communicator> {
         let (prefix, cfg) = (&origin.prefix, &origin.cfg);
         let id = derive_id(&[prefix.as_bytes(), &size.to_le_bytes()]);
-        let net = tcp::connect_mesh(rank, size, store, prefix, id, &origin.token, cfg)?;
+        let mut net = tcp::connect_mesh(rank, size, store, prefix, id, &origin.token, cfg)?;
+        // Before any communicator exists, so that all of them (sub-communicators, shrinks,
+        // rebuilds) see the same figures on every rank.
+        net.costs = linkcost::agree(&net, size, id, cfg)?;
         let members = (0..size).collect();
         let inner = CommInner::new(Arc::new(net), id, 0, rank, members, cfg.timeout, cfg.chunk_bytes);
         if rank == 0 {

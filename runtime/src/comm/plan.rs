@@ -1,7 +1,8 @@
 //! What the algorithm selection would do on this communicator, for tools (hccn-perf).
 
 use super::Communicator;
-use crate::collectives::{select, Ctx};
+use crate::collectives::select::{self, LinkCosts};
+use crate::collectives::Ctx;
 use crate::error::Result;
 use crate::wire::FrameKind;
 
@@ -18,5 +19,11 @@ impl Communicator {
             return Ok(plan.map(|(_, chunk)| ("board", chunk)));
         }
         Ok(plan)
+    }
+
+    /// The link figures (α, β per transport kind) the cost model uses on this communicator:
+    /// its world's, agreed at creation (measured by world rank 0, or HCCN_LINK_COST).
+    pub fn link_costs(&self) -> LinkCosts {
+        select::costs_of(&Ctx::new(&self.inner, FrameKind::Collective, 0))
     }
 }

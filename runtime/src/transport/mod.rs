@@ -7,6 +7,7 @@
 
 pub(crate) mod board;
 mod heartbeat;
+pub(crate) mod linkcost;
 mod pool;
 pub(crate) mod shm;
 pub(crate) mod tcp;
@@ -354,6 +355,9 @@ pub(crate) struct Net {
     pub algo: crate::collectives::select::AlgoChoice,
     /// `HCCN_TRANSPORT` of the process (the cost model's view of same-host links).
     pub transport: crate::config::Transport,
+    /// The cost model's link figures, identical on every rank of the world (`linkcost::agree`
+    /// sets them as the world forms; built-in until then, and for joiners).
+    pub costs: crate::collectives::select::LinkCosts,
 }
 
 impl Net {
@@ -376,6 +380,7 @@ impl Net {
             watchdog,
             algo: cfg.algo,
             transport: cfg.transport,
+            costs: crate::collectives::select::LinkCosts::builtin(),
         }
     }
 

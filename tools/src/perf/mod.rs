@@ -35,7 +35,8 @@ The size column is the op's largest buffer: allreduce, broadcast, reduce: count 
 allgather: the gathered result; reduce_scatter: the input; alltoall: either buffer. Sizes are
 rounded down to whole elements (times the ranks where the op splits by rank). busbw is algbw
 times 2(n-1)/n for allreduce, (n-1)/n for allgather, reduce_scatter and alltoall, 1 otherwise.
-The header names the algorithm and pipeline chunk the runtime picks for each size.
+The header names the link costs of the runtime's cost model (latency:bandwidth per transport,
+see HCCN_LINK_COST) and the algorithm and pipeline chunk it picks for each size.
 Exits 1 when an operation fails or a result is wrong.
 ";
 
@@ -373,6 +374,7 @@ fn run(o: &Options) -> Result<bool, String> {
     let checker = Checker::new(o.coll, o.dt, o.op, me, n, o.root);
     if me == 0 {
         header(o, n).iter().for_each(|l| emit(l));
+        emit(&format!("# link costs: {}", comm.link_costs()));
     }
     let started = Instant::now();
     let (mut busbw_sum, mut rows, mut total_wrong) = (0.0, 0u32, 0u64);

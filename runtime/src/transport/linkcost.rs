@@ -1,0 +1,253 @@
+//! The cost model's link figures, agreed once per world as it forms. Sender and receiver must
+//! choose the same algorithm and chunks, so every rank must hold the same figures: world rank 0
+//! alone decides (it measures, or takes `HCCN_LINK_COST`) and sends them to every rank.
+//!
+//! Measuring: against one peer per transport kind it has (a shared-memory peer, and a TCP peer on
+//! another host, or on its own host under `HCCN_TRANSPORT=tcp`), rank 0 times [`PINGS`] round
+//! trips of 8 bytes (α is half the median) and [`BULKS`] of 1 MiB (β from the fastest, less α);
+//! the peer echoes. A process measures each kind once: later worlds reuse its figures. Frames
+//! travel as collective frames (so that they take the data path being measured) of a
+//! communicator id of their own, which no user communicator has.
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use super::shm::Sink;
+use super::{Health, Key, Net};
+use crate::collectives::select::{LinkCost, LinkCosts, TransportKind};
+use crate::config::{Config, LinkCostSource, LINK_ALPHA_US, LINK_GBPS};
+use crate::error::{Error, ErrorKind, Result};
+use crate::wire::{FrameHeader, FrameKind};
+
+/// Round trips of 8 bytes for α, after [`WARMUP`] untimed ones.
+const PINGS: usize = 20;
+const WARMUP: usize = 2;
+const PING_BYTES: usize = 8;
+/// Round trips of [`BULK_BYTES`] for β.
+const BULKS: usize = 3;
+const BULK_BYTES: usize = 1 << 20;
+
+/// Frame tags: rank 0's pings (echoed back with the same tag), then its figures.
+const TAG_PING: u32 = 1;
+const TAG_FIGURES: u32 = 2;
+const FIGURES_BYTES: usize = 48;
+
+/// What this process measured so far: kind, whether the peer was on another host, figures.
+static MEASURED: Mutex<Vec<(TransportKind, bool, LinkCost)>> = Mutex::new(Vec::new());
+
+/// Run by every rank of a new world of `size` (mesh `mesh`) once its links are up: returns the
+/// figures of world rank 0, identical everywhere.
+pub(crate) fn agree(net: &Net, size: u32, mesh: u64, cfg: &Config) -> Result<LinkCosts> {
+    let probe = Probe { net, id: crate::comm::derive_id(&[&mesh.to_le_bytes(), b"link costs"]), cfg };
+    let agreed = if net.rank == 0 { probe.decide(size) } else { probe.serve() };
+    agreed.map_err(|e| e.context("agreeing on link costs"))
+}
+
+struct Probe<'a> {
+    net: &'a Net,
+    /// Communicator id of the probe's frames.
+    id: u64,
+    cfg: &'a Config,
+}
+
+impl Probe<'_> {
+    /// Rank 0: the figures, from HCCN_LINK_COST or measured, sent to every other rank.
+    fn decide(&self, size: u32) -> Result<LinkCosts> {
+        let started = Instant::now();
+        let (costs, source) = match self.cfg.link_cost {
+            LinkCostSource::Builtin => (LinkCosts::builtin(), "built-in"),
+            LinkCostSource::Explicit(c) => (c, "HCCN_LINK_COST"),
+            LinkCostSource::Measure => (self.measure_all(size)?, "measured"),
+        };
+        let figures = encode(&costs);
+        for peer in 1..size {
+            self.send(peer, TAG_FIGURES, &figures)?;
+        }
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        tracing::info!(rank = 0u32, %costs, source, took_ms = format_args!("{ms:.1}"), "link costs agreed");
+        Ok(costs)
+    }
+
+    /// Rank 0: the built-in figures, with those of the kinds it reaches replaced by measured ones.
+    fn measure_all(&self, size: u32) -> Result<LinkCosts> {
+        let mut costs = LinkCosts::builtin();
+        for (kind, peer) in self.peers(size) {
+            let remote = self.net.hosts.get(peer as usize) != self.net.hosts.first();
+            let known = lock().iter().find(|(k, r, _)| *k == kind && *r == remote).map(|(_, _, c)| *c);
+            let cost = match known {
+                Some(c) => c,
+                None => {
+                    let c = sane(kind, self.measure(peer)?);
+                    lock().push((kind, remote, c));
+                    c
+                }
+            };
+            costs.set(kind, cost);
+        }
+        Ok(costs)
+    }
+
+    /// The peer to time for each kind rank 0 has: the first with shared memory; for TCP the
+    /// first on another host, else (HCCN_TRANSPORT=tcp) the first on this one.
+    fn peers(&self, size: u32) -> Vec<(TransportKind, u32)> {
+        let net = self.net;
+        let me = net.hosts.first().copied().flatten();
+        let tcp_peers = || (1..size).filter(|p| !net.shm.has(*p));
+        let remote = tcp_peers().find(|p| net.hosts.get(*p as usize).copied().flatten() != me);
+        let tcp = remote.or_else(|| tcp_peers().find(|_| net.transport == crate::config::Transport::Tcp));
+        let shm = (1..size).find(|p| net.shm.has(*p));
+        [(TransportKind::Shm, shm), (TransportKind::Tcp, tcp)].into_iter().filter_map(|(k, p)| Some((k, p?))).collect()
+    }
+
+    /// α and β of the link to `peer`, which echoes every ping.
+    fn measure(&self, peer: u32) -> Result<LinkCost> {
+        let small = [0u8; PING_BYTES];
+        for _ in 0..WARMUP {
+            self.round_trip(peer, &small)?;
+        }
+        let mut rtts = (0..PINGS).map(|_| self.round_trip(peer, &small)).collect::<Result<Vec<f64>>>()?;
+        rtts.sort_by(f64::total_cmp);
+        let alpha = rtts[rtts.len() / 2] / 2.0;
+        let big = vec![0u8; BULK_BYTES];
+        let mut best = f64::INFINITY;
+        for _ in 0..BULKS {
+            best = best.min(self.round_trip(peer, &big)?);
+        }
+        let beta = (best / 2.0 - alpha) / BULK_BYTES as f64;
+        Ok(LinkCost { alpha, beta })
+    }
+
+    /// Seconds for `data` to reach `peer` and come back.
+    fn round_trip(&self, peer: u32, data: &[u8]) -> Result<f64> {
+        let t = Instant::now();
+        self.send(peer, TAG_PING, data)?;
+        let (tag, len) = self.recv(peer, &mut |_, _| {})?;
+        if tag != TAG_PING || len != data.len() {
+            return Err(Error::new(
+                ErrorKind::Transfer,
+                format!("world rank {peer} echoed tag {tag} with {len} bytes"),
+            ));
+        }
+        Ok(t.elapsed().as_secs_f64())
+    }
+
+    /// Any rank but 0: echoes rank 0's pings until its figures arrive.
+    fn serve(&self) -> Result<LinkCosts> {
+        let mut data = Vec::with_capacity(PING_BYTES);
+        loop {
+            data.clear();
+            let (tag, _) = self.recv(0, &mut |_, piece| data.extend_from_slice(piece))?;
+            match tag {
+                TAG_PING => self.send(0, TAG_PING, &data)?,
+                _ => {
+                    let costs = decode(&data)?;
+                    tracing::debug!(rank = self.net.rank, %costs, "link costs agreed");
+                    return Ok(costs);
+                }
+            }
+        }
+    }
+
+    fn send(&self, to: u32, tag: u32, data: &[u8]) -> Result<()> {
+        let hdr = FrameHeader {
+            kind: FrameKind::Collective,
+            comm_id: self.id,
+            epoch: 0,
+            seq: 0,
+            tag,
+            len: data.len() as u64,
+        };
+        self.net.send(to, &hdr, data)
+    }
+
+    /// The next probe frame from `from`, its payload handed to `piece`: (tag, length).
+    fn recv(&self, from: u32, piece: &mut dyn FnMut(usize, &[u8])) -> Result<(u32, usize)> {
+        let key = Key { src: from, kind: FrameKind::Collective, comm_id: self.id, seq: 0 };
+        let mut got = (0, 0);
+        let mut check = |h: &FrameHeader| -> Result<()> {
+            got = (h.tag, h.len as usize);
+            match (h.tag, h.len as usize) {
+                (TAG_PING, n) if n <= BULK_BYTES => Ok(()),
+                (TAG_FIGURES, FIGURES_BYTES) => Ok(()),
+                (tag, n) => Err(Error::new(
+                    ErrorKind::Transfer,
+                    format!("world rank {from} sent tag {tag} with {n} bytes while link costs were agreed"),
+                )),
+            }
+        };
+        let status = |h: &Health<'_>| {
+            h.failed.get(&from).map(|why| Error::rank_failed(vec![from], format!("world rank {from} failed: {why}")))
+        };
+        self.net.recv(key, self.cfg.timeout, &status, &mut Sink { check: &mut check, piece })?;
+        Ok(got)
+    }
+}
+
+fn lock() -> std::sync::MutexGuard<'static, Vec<(TransportKind, bool, LinkCost)>> {
+    MEASURED.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `measured`, or the built-in figures of `kind` if it is out of range (a disturbed run).
+fn sane(kind: TransportKind, measured: LinkCost) -> LinkCost {
+    let (alpha_us, gbps) = (measured.alpha_us(), measured.gbps());
+    if LINK_ALPHA_US.contains(&alpha_us) && LINK_GBPS.contains(&gbps) {
+        return measured;
+    }
+    let builtin = kind.default_cost();
+    tracing::warn!(
+        kind = kind.name(),
+        "measured link latency {alpha_us:.3} us or bandwidth {gbps:.3} GB/s is outside {:?} us, {:?} GB/s; \
+         using the built-in {:.3} us, {:.3} GB/s",
+        LINK_ALPHA_US,
+        LINK_GBPS,
+        builtin.alpha_us(),
+        builtin.gbps()
+    );
+    builtin
+}
+
+fn encode(c: &LinkCosts) -> Vec<u8> {
+    TransportKind::ALL.iter().flat_map(|k| [c.get(*k).alpha, c.get(*k).beta]).flat_map(f64::to_le_bytes).collect()
+}
+
+fn decode(b: &[u8]) -> Result<LinkCosts> {
+    let bad = || Error::new(ErrorKind::Transfer, "world rank 0 sent malformed link costs");
+    let mut x = b.chunks_exact(8).map(|w| f64::from_le_bytes(w.try_into().unwrap_or_default()));
+    let mut costs = LinkCosts::builtin();
+    for kind in TransportKind::ALL {
+        let (alpha, beta) = (x.next().ok_or_else(bad)?, x.next().ok_or_else(bad)?);
+        if !(alpha.is_finite() && beta.is_finite() && alpha >= 0.0 && beta > 0.0) {
+            return Err(bad());
+        }
+        costs.set(kind, LinkCost { alpha, beta });
+    }
+    Ok(costs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn figures_cross_the_wire_bit_for_bit() {
+        let mut c = LinkCosts::builtin();
+        c.set(TransportKind::Shm, LinkCost { alpha: 1.234_567e-6, beta: 1.0 / 9.87e9 });
+        let b = encode(&c);
+        assert_eq!(b.len(), FIGURES_BYTES);
+        assert_eq!(decode(&b).ok(), Some(c));
+        assert!(decode(&b[..40]).is_err());
+        let mut nan = b.clone();
+        nan[8..16].copy_from_slice(&f64::NAN.to_le_bytes());
+        assert!(decode(&nan).is_err());
+    }
+
+    #[test]
+    fn out_of_range_measurements_fall_back_to_the_built_in_figures() {
+        let ok = LinkCost::new(3.0, 5.0);
+        assert_eq!(sane(TransportKind::Shm, ok), ok);
+        let builtin = TransportKind::Tcp.default_cost();
+        assert_eq!(sane(TransportKind::Tcp, LinkCost::new(50_000.0, 1.0)), builtin, "α of 50 ms");
+        assert_eq!(sane(TransportKind::Tcp, LinkCost { alpha: 1e-5, beta: -1e-9 }), builtin, "negative β");
+        assert_eq!(sane(TransportKind::Tcp, LinkCost::new(10.0, 1e4)), builtin, "10 TB/s");
+    }
+}
