@@ -33,6 +33,7 @@ pub const VARIABLES: &[Variable] = &[
     Variable { name: "HCCN_LEASE_TTL_S", default: "`2`", meaning: "With an etcd store, each world communicator's membership key lives on a lease of this many seconds, kept alive in the background: a backstop that declares a rank failed when its process dies or freezes, even with heartbeats off (1 .. 3600; etcd may round it up)." },
     Variable { name: "HCCN_TRACE", default: "(off)", meaning: "Directory where each rank writes a Chrome trace-event file `hccn-trace-<job>-<rank>.json` (one event per operation and per transfer); see docs/observability.md." },
     Variable { name: "HCCN_TRANSPORT", default: "`auto`", meaning: "Data transport between ranks: `auto` (shared memory between ranks on one host, TCP between hosts), `tcp` (TCP everywhere), `shm` (shared memory, and an error if a peer is on another host). TCP always stays for control and failure detection." },
+    Variable { name: "HCCN_CMA", default: "`auto`", meaning: "Single-copy reads of large shared-memory messages with `process_vm_readv` (cross-memory attach): `auto` (used between two ranks when a probe at connection shows the kernel permits it) or `off` (every byte goes through the shared-memory rings)." },
     Variable { name: "HCCN_LOG", default: "`warn`", meaning: "Log filter (`error`, `warn`, `info`, `debug`, `trace`, or tracing's `target=level` list); logs go to stderr." },
     Variable { name: "HCCN_BACKEND", default: "`native`", meaning: "Data path of new communicators: `native` (hccn's TCP runtime) or `hccl` (Huawei HCCL on Ascend NPUs, loaded at run time; see docs/hccl.md)." },
     Variable { name: "HCCN_HCCL_LIB", default: "(search)", meaning: "Path of `libhccl.so` for `HCCN_BACKEND=hccl`; else `$ASCEND_HOME_PATH/lib64`, `$ASCEND_TOOLKIT_HOME/lib64`, then the loader's search path." },
@@ -100,6 +101,8 @@ pub struct Config {
     pub device_id: Option<i32>,
     /// `HCCN_TRANSPORT`.
     pub transport: Transport,
+    /// `HCCN_CMA`: may large shared-memory messages be read with process_vm_readv?
+    pub cma: bool,
 }
 
 /// Which library moves the data of new communicators.
@@ -143,6 +146,7 @@ impl Default for Config {
             acl_lib: None,
             device_id: None,
             transport: Transport::Auto,
+            cma: true,
         }
     }
 }
@@ -205,6 +209,13 @@ impl Config {
                 "tcp" => Transport::Tcp,
                 "shm" => Transport::Shm,
                 _ => return Err(Error::invalid(format!("HCCN_TRANSPORT={v:?} is not auto, tcp or shm"))),
+            };
+        }
+        if let Some(v) = get("HCCN_CMA") {
+            c.cma = match v.trim() {
+                "auto" | "" => true,
+                "off" => false,
+                _ => return Err(Error::invalid(format!("HCCN_CMA={v:?} is not auto or off"))),
             };
         }
         if let Some(v) = get("HCCN_LOG") {
@@ -312,6 +323,15 @@ mod tests {
         }
         let e = Config::from_lookup(lookup(&[("HCCN_TRANSPORT", "rdma")])).err().map(|e| e.to_string());
         assert!(e.is_some_and(|m| m.contains("HCCN_TRANSPORT")));
+    }
+
+    #[test]
+    fn cma_choice() {
+        assert!(Config::default().cma);
+        assert_eq!(Config::from_lookup(lookup(&[("HCCN_CMA", "off")])).map(|c| c.cma).ok(), Some(false));
+        assert_eq!(Config::from_lookup(lookup(&[("HCCN_CMA", "auto")])).map(|c| c.cma).ok(), Some(true));
+        let e = Config::from_lookup(lookup(&[("HCCN_CMA", "on")])).err().map(|e| e.to_string());
+        assert!(e.is_some_and(|m| m.contains("HCCN_CMA")));
     }
 
     #[test]

@@ -457,6 +457,38 @@ impl Net {
         })
     }
 
+    /// Starts sending one frame to world rank `dst`. A large data frame to a same-host peer that
+    /// permits it goes by descriptor: the peer reads `payload` from this process's memory, and
+    /// the returned number must be passed to [`Net::send_wait`] (or [`Net::send_withdraw`])
+    /// before `payload` changes or is freed. Any other frame is sent at once (`None`).
+    pub fn send_start(&self, dst: u32, hdr: &FrameHeader, payload: &[u8]) -> Result<Option<u64>> {
+        let single_copy = payload.len() >= shm::CMA_MIN
+            && dst != self.rank
+            && matches!(hdr.kind, FrameKind::Collective | FrameKind::P2p)
+            && self.shm.cma(dst);
+        if !single_copy {
+            return self.send(dst, hdr, payload).map(|_| None);
+        }
+        if self.inbox.troubles() != 0 {
+            if let Some(reason) = self.inbox.failed_reason(dst) {
+                return Err(Error::rank_failed(vec![dst], format!("world rank {dst} failed earlier: {reason}")));
+            }
+        }
+        self.shm.send_desc(dst, hdr, payload, &self.inbox, self.timeout)
+    }
+
+    /// Waits until world rank `dst` has read the frame [`Net::send_start`] numbered `index` and
+    /// every earlier one; on an error, what it has not read is withdrawn.
+    pub fn send_wait(&self, dst: u32, index: u64, status: &dyn Fn(&Health<'_>) -> Option<Error>) -> Result<()> {
+        self.shm.wait_sent(dst, index, &self.inbox, self.timeout, status)
+    }
+
+    /// Withdraws the frames up to number `index` that world rank `dst` has not begun to read, and
+    /// waits for a read in progress: their buffers are this process's again.
+    pub fn send_withdraw(&self, dst: u32, index: u64) {
+        self.shm.withdraw(dst, index, &self.inbox, self.timeout)
+    }
+
     /// Closes the connection to world rank `peer` after it sent something this rank refuses.
     pub fn refuse(&self, peer: u32, reason: &str) {
         self.inbox.mark_failed(peer, format!("refused: {reason}"));

@@ -36,8 +36,9 @@ const SLOT_DATA: usize = 64 << 10;
 const SLOT_HEAD: usize = 64;
 const SLOT_BYTES: usize = SLOT_HEAD + SLOT_DATA;
 const SLOTS: u64 = 16;
-/// Ring control block: head, tail, data futex, space futex, each on its own cache line.
-const CTRL: usize = 256;
+/// Ring control block: head, tail, data futex, space futex, CMA acknowledgements (consumer),
+/// CMA withdrawals (producer), each on its own cache line.
+const CTRL: usize = 384;
 const RING_BYTES: usize = CTRL + SLOTS as usize * SLOT_BYTES;
 const SEG_BYTES: usize = 2 * RING_BYTES;
 /// A slot header (one cache line): the frame header without magic, version and reserved word
@@ -48,6 +49,17 @@ const INLINE: usize = 8;
 const SEQ_AT: usize = 56;
 /// First piece of a frame (its slot header carries the frame header).
 const FIRST: u8 = 1;
+/// The slot holds a descriptor ([`Desc`]): the payload stays in the sender's memory and the
+/// receiver reads it with process_vm_readv.
+const CMA: u8 = 2;
+/// Bytes of an encoded [`Desc`].
+const DESC_LEN: usize = 24;
+/// Largest piece the receiver reads with one process_vm_readv into its scratch buffer: small
+/// enough to stay in cache while the sink reduces it; a multiple of 16.
+const CMA_PIECE: usize = 256 << 10;
+/// Smallest payload sent by descriptor: below it, the setup of a cross-process read (pinning the
+/// sender's pages) costs more than the copy through the ring saves.
+pub(crate) const CMA_MIN: usize = 64 << 10;
 /// How long a futex sleep lasts before the sleeper looks at health and the inbox again.
 const NAP: Duration = Duration::from_millis(1);
 /// How long a waiter spins before it yields, when every local rank has a core.
@@ -154,6 +166,36 @@ impl Ring {
     fn space_sleepers(&self) -> &AtomicU32 {
         self.word32(196)
     }
+    /// Descriptors the consumer has finished with (read, or found withdrawn): the producer's
+    /// buffers up to there are free again.
+    fn cma_done(&self) -> &AtomicU64 {
+        self.word64(256)
+    }
+    /// `n + 1` while the consumer reads descriptor `n`, else 0.
+    fn cma_reading(&self) -> &AtomicU64 {
+        self.word64(264)
+    }
+    /// Bumped when a descriptor is finished and the producer sleeps; the producer's futex.
+    fn ack_word(&self) -> &AtomicU32 {
+        self.word32(272)
+    }
+    fn ack_sleepers(&self) -> &AtomicU32 {
+        self.word32(276)
+    }
+    /// Descriptors below this were withdrawn by the producer (its operation failed and its
+    /// buffers may change): the consumer must not read them.
+    fn cma_withdrawn(&self) -> &AtomicU64 {
+        self.word64(320)
+    }
+    /// Records descriptor `n` as finished and wakes a producer waiting for it.
+    fn acknowledge(&self, n: u64) {
+        self.cma_done().store(n + 1, Ordering::Release);
+        self.cma_reading().store(0, Ordering::SeqCst);
+        if self.ack_sleepers().load(Ordering::SeqCst) > 0 {
+            self.ack_word().fetch_add(1, Ordering::SeqCst);
+            futex_wake(self.ack_word());
+        }
+    }
     fn slot(&self, n: u64) -> *mut u8 {
         // SAFETY: the index is reduced modulo SLOTS, so the slot lies inside this ring.
         unsafe { self.base.add(CTRL + (n % SLOTS) as usize * SLOT_BYTES) }
@@ -176,8 +218,9 @@ impl Ring {
             futex_wake(self.space_word());
         }
     }
-    /// Reads slot `n`'s header: the frame header if it is a first piece, the piece length.
-    fn piece(&self, n: u64) -> (Option<[u8; HEADER_LEN]>, usize) {
+    /// Reads slot `n`'s header: the frame header if it is a first piece, the piece length, and
+    /// whether the piece is a descriptor.
+    fn piece(&self, n: u64) -> (Option<[u8; HEADER_LEN]>, usize, bool) {
         let p = self.slot(n);
         let mut head = [0u8; INLINE_AT];
         // SAFETY: the slot was published to us (Acquire on its sequence word or on head); we own
@@ -191,7 +234,7 @@ impl Ring {
         h[4..6].copy_from_slice(&wire::VERSION.to_le_bytes());
         h[6..36].copy_from_slice(&head[0..30]);
         h[40..48].copy_from_slice(&head[30..38]);
-        (first.then_some(h), len.min(SLOT_DATA))
+        (first.then_some(h), len.min(SLOT_DATA), head[38] & CMA != 0)
     }
     /// Slot `n`'s payload: in the header's cache line when it is small enough.
     fn data(&self, n: u64, len: usize) -> &[u8] {
@@ -200,13 +243,13 @@ impl Ring {
         // at INLINE_AT, inside the slot header.
         unsafe { std::slice::from_raw_parts(self.slot(n).add(at), len) }
     }
-    fn write(&self, n: u64, head: Option<&[u8; HEADER_LEN]>, data: &[u8]) {
+    fn write(&self, n: u64, head: Option<&[u8; HEADER_LEN]>, flags: u8, data: &[u8]) {
         let p = self.slot(n);
         let mut sh = [0u8; SEQ_AT];
         if let Some(h) = head {
             sh[0..30].copy_from_slice(&h[6..36]);
             sh[30..38].copy_from_slice(&h[40..48]);
-            sh[38] = FIRST;
+            sh[38] = FIRST | flags;
         }
         sh[40..44].copy_from_slice(&(data.len() as u32).to_le_bytes());
         if data.len() <= INLINE {
@@ -297,6 +340,89 @@ struct Wait {
     yields: u32,
 }
 
+/// What a descriptor slot carries: where the payload lies in the sender's memory, and the
+/// descriptor's number in its direction (both sides count them, so a lost or repeated one shows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Desc {
+    addr: u64,
+    len: u64,
+    index: u64,
+}
+
+impl Desc {
+    fn encode(&self) -> [u8; DESC_LEN] {
+        let mut b = [0u8; DESC_LEN];
+        b[0..8].copy_from_slice(&self.addr.to_le_bytes());
+        b[8..16].copy_from_slice(&self.len.to_le_bytes());
+        b[16..24].copy_from_slice(&self.index.to_le_bytes());
+        b
+    }
+    fn decode(b: &[u8]) -> Option<Desc> {
+        let b: &[u8; DESC_LEN] = b.try_into().ok()?;
+        let word = |i: usize| u64::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3], b[i + 4], b[i + 5], b[i + 6], b[i + 7]]);
+        Some(Desc { addr: word(0), len: word(8), index: word(16) })
+    }
+}
+
+/// A value at a fixed address of this process that a peer reads at the handshake to learn
+/// whether the kernel lets it read this process's memory (random per process, so that a reader
+/// in another pid namespace cannot mistake a same-numbered process running the same binary).
+static CMA_MAGIC: AtomicU64 = AtomicU64::new(0);
+
+fn cma_magic() -> &'static AtomicU64 {
+    if CMA_MAGIC.load(Ordering::Relaxed) == 0 {
+        let mut v = [0u8; 8];
+        let _ = getrandom::getrandom(&mut v);
+        let v = u64::from_le_bytes(v) | 1;
+        let _ = CMA_MAGIC.compare_exchange(0, v, Ordering::SeqCst, Ordering::SeqCst);
+    }
+    &CMA_MAGIC
+}
+
+/// Reads `dst.len()` bytes at `addr` in process `pid`; anything short of all of them is an error.
+fn cma_read(pid: i32, addr: u64, dst: &mut [u8]) -> std::io::Result<()> {
+    if dst.is_empty() {
+        return Ok(());
+    }
+    let local = libc::iovec { iov_base: dst.as_mut_ptr().cast(), iov_len: dst.len() };
+    let remote = libc::iovec { iov_base: addr as usize as *mut libc::c_void, iov_len: dst.len() };
+    // SAFETY: `local` covers exactly the writable `dst`; the kernel checks the remote range
+    // against the other process's mappings (EFAULT), it never touches ours beyond `dst`.
+    let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+    match n {
+        n if n < 0 => Err(std::io::Error::last_os_error()),
+        n if n as usize == dst.len() => Ok(()),
+        n => Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, format!("read {n} of {} bytes", dst.len()))),
+    }
+}
+
+/// True when this process may read `pid`'s memory and finds `expect` at `addr`.
+fn cma_probe(pid: i32, addr: u64, expect: u64) -> bool {
+    let mut v = [0u8; 8];
+    match cma_read(pid, addr, &mut v) {
+        Ok(()) => u64::from_le_bytes(v) == expect,
+        Err(e) => {
+            tracing::debug!(pid, "process_vm_readv not permitted ({e}); shared-memory rings only");
+            false
+        }
+    }
+}
+
+/// The error for a failed read of `src`'s memory: its death (the process is gone) or a transfer
+/// error (a bad address or a short read: the pair is out of step).
+fn cma_error(src: u32, e: &std::io::Error, inbox: &Inbox) -> Error {
+    if e.raw_os_error() == Some(libc::ESRCH) {
+        let reason = "its process ended while this rank read its data".to_owned();
+        inbox.mark_failed(src, reason.clone());
+        return Error::rank_failed(vec![src], format!("world rank {src} failed: {reason}"));
+    }
+    Error::io(ErrorKind::Transfer, format!("reading the data of world rank {src} (process_vm_readv)"), e)
+}
+
+fn out_of_step() -> Error {
+    Error::new(ErrorKind::Transfer, "shared memory ring out of step")
+}
+
 /// A frame being moved into the inbox piece by piece.
 struct Partial {
     hdr: FrameHeader,
@@ -306,6 +432,20 @@ struct Partial {
 #[derive(Default)]
 struct RxState {
     partial: Option<Partial>,
+    /// Number of the next descriptor expected from the peer.
+    cma_next: u64,
+    /// Where descriptor payloads are read to, piece by piece (allocated at the first one).
+    scratch: Vec<u8>,
+}
+
+/// The producer's side of a ring, held while writing a frame.
+#[derive(Default)]
+struct TxState {
+    /// The last tail seen, so that a producer reads the consumer's cache line only when the ring
+    /// looks full.
+    tail: u64,
+    /// Descriptors written so far.
+    posted: u64,
 }
 
 /// The shared-memory link to one peer.
@@ -313,10 +453,10 @@ pub(crate) struct ShmPeer {
     _seg: Segment,
     tx: Ring,
     rx: Ring,
-    /// Held while writing a frame; holds the last tail seen, so that a producer reads the
-    /// consumer's cache line only when the ring looks full.
-    tx_lock: Mutex<u64>,
+    tx_lock: Mutex<TxState>,
     rx_state: Mutex<RxState>,
+    /// The peer's process id when both sides may read each other's memory (CMA).
+    cma_pid: Option<i32>,
 }
 
 // SAFETY: the raw ring pointers point into `_seg`, which lives as long as the peer and is
@@ -330,7 +470,21 @@ impl ShmPeer {
         // SAFETY: both rings lie inside the segment (SEG_BYTES = 2 * RING_BYTES).
         let (a, b) = (Ring { base: seg.ptr }, Ring { base: unsafe { seg.ptr.add(RING_BYTES) } });
         let (tx, rx) = if creator { (a, b) } else { (b, a) };
-        ShmPeer { _seg: seg, tx, rx, tx_lock: Mutex::new(0), rx_state: Mutex::new(RxState::default()) }
+        ShmPeer {
+            _seg: seg,
+            tx,
+            rx,
+            tx_lock: Mutex::new(TxState::default()),
+            rx_state: Mutex::new(RxState::default()),
+            cma_pid: None,
+        }
+    }
+}
+
+impl ShmPeer {
+    /// True when large frames to this peer go by descriptor.
+    pub fn cma(&self) -> bool {
+        self.cma_pid.is_some()
     }
 }
 
@@ -386,11 +540,52 @@ impl Shm {
         self.peers.get(rank as usize).and_then(|p| p.as_ref())
     }
 
+    /// True when frames to `rank` may go by descriptor (both sides agreed at the handshake).
+    pub fn cma(&self, rank: u32) -> bool {
+        self.peer(rank).is_some_and(|p| p.cma_pid.is_some())
+    }
+
     /// Writes one frame to `dst`'s ring, waiting for room as long as `dst` is healthy.
     pub fn send(&self, dst: u32, hdr: &FrameHeader, payload: &[u8], inbox: &Inbox, timeout: Duration) -> Result<()> {
+        self.put(dst, hdr, payload, false, inbox, timeout).map(|_| ())
+    }
+
+    /// Writes a descriptor of `payload` to `dst`'s ring (see [`Shm::cma`]): `dst` reads the
+    /// payload from this process's memory, which must stay unchanged until [`Shm::wait_sent`]
+    /// returns or [`Shm::withdraw`] has withdrawn it. Returns the descriptor's number, or `None`
+    /// when `dst` has left and will read nothing.
+    pub fn send_desc(
+        &self,
+        dst: u32,
+        hdr: &FrameHeader,
+        payload: &[u8],
+        inbox: &Inbox,
+        timeout: Duration,
+    ) -> Result<Option<u64>> {
+        if !self.cma(dst) {
+            return Err(Error::internal(format!("no single-copy path to {dst}")));
+        }
+        self.put(dst, hdr, payload, true, inbox, timeout)
+    }
+
+    /// Writes `payload` (or, with `desc`, a descriptor of it) to `dst`'s ring; returns the
+    /// descriptor's number when one was written.
+    fn put(
+        &self,
+        dst: u32,
+        hdr: &FrameHeader,
+        payload: &[u8],
+        desc: bool,
+        inbox: &Inbox,
+        timeout: Duration,
+    ) -> Result<Option<u64>> {
         let Some(p) = self.peer(dst) else { return Err(Error::internal(format!("no shared memory to {dst}"))) };
         let head = hdr.encode();
-        let mut tail = p.tx_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut tx = p.tx_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let tx = &mut *tx;
+        let d = Desc { addr: payload.as_ptr() as u64, len: payload.len() as u64, index: tx.posted };
+        let encoded = d.encode();
+        let (payload, flags) = if desc { (&encoded[..], CMA) } else { (payload, 0) };
         let ring = &p.tx;
         let mut n = ring.head().load(Ordering::Relaxed);
         let mut off = 0usize;
@@ -398,10 +593,10 @@ impl Shm {
         let mut backoff = Backoff::new(self.wait);
         let mut gen = inbox.generation();
         loop {
-            if n - *tail >= SLOTS {
-                *tail = ring.tail().load(Ordering::Acquire);
+            if n - tx.tail >= SLOTS {
+                tx.tail = ring.tail().load(Ordering::Acquire);
             }
-            if n - *tail >= SLOTS {
+            if n - tx.tail >= SLOTS {
                 // Full: wait for the consumer, and meanwhile keep our own rings moving.
                 if backoff.snooze() {
                     self.drain(None, inbox);
@@ -421,7 +616,7 @@ impl Shm {
                     if inbox.has_departed(dst) {
                         // As over TCP, where the bytes would sit in a socket buffer: the peer
                         // left on purpose and will read nothing; the rest of the frame is void.
-                        return Ok(());
+                        return Ok(None);
                     }
                 }
                 let d = *deadline.get_or_insert_with(|| Instant::now() + timeout);
@@ -434,12 +629,100 @@ impl Shm {
             }
             backoff.reset();
             let piece = &payload[off..(off + SLOT_DATA).min(payload.len())];
-            ring.write(n, (off == 0).then_some(&head), piece);
+            ring.write(n, (off == 0).then_some(&head), flags, piece);
             ring.publish(n);
             n += 1;
             off += piece.len();
             if off >= payload.len() {
+                if !desc {
+                    return Ok(None);
+                }
+                tx.posted += 1;
+                return Ok(Some(d.index));
+            }
+        }
+    }
+
+    /// Waits until `dst` has read every descriptor up to number `index` (its acknowledgement),
+    /// keeping the other rings moving meanwhile. Ends early, withdrawing what `dst` has not read
+    /// yet, when `dst` fails or leaves, `status` gives the communicator's error, or the deadline
+    /// passes.
+    pub fn wait_sent(
+        &self,
+        dst: u32,
+        index: u64,
+        inbox: &Inbox,
+        timeout: Duration,
+        status: &dyn Fn(&Health<'_>) -> Option<Error>,
+    ) -> Result<()> {
+        let Some(p) = self.peer(dst) else { return Err(Error::internal(format!("no shared memory to {dst}"))) };
+        let ring = &p.tx;
+        let deadline = Instant::now() + timeout;
+        let mut backoff = Backoff::new(self.wait);
+        let mut gen = u64::MAX;
+        loop {
+            if ring.cma_done().load(Ordering::Acquire) > index {
                 return Ok(());
+            }
+            let g = inbox.generation();
+            if g != gen {
+                gen = g;
+                if inbox.troubles() != 0 {
+                    if let Some(reason) = inbox.failed_reason(dst) {
+                        return Err(Error::rank_failed(vec![dst], format!("world rank {dst} failed: {reason}")));
+                    }
+                    let ended = inbox.health(|h| status(h));
+                    if ended.is_some() || inbox.has_departed(dst) {
+                        self.withdraw(dst, index, inbox, timeout);
+                        return ended.map_or(Ok(()), Err);
+                    }
+                }
+            }
+            if backoff.snooze() {
+                if Instant::now() >= deadline {
+                    self.withdraw(dst, index, inbox, timeout);
+                    return Err(Error::timeout(format!(
+                        "world rank {dst} did not read this rank's data within {} ms (HCCN_TIMEOUT_MS)",
+                        timeout.as_millis()
+                    )));
+                }
+                // The receiver may itself wait for a ring of ours to move before it reads.
+                self.drain(None, inbox);
+                let seen = ring.ack_word().load(Ordering::SeqCst);
+                ring.ack_sleepers().fetch_add(1, Ordering::SeqCst);
+                if ring.cma_done().load(Ordering::SeqCst) <= index && inbox.generation() == gen {
+                    futex_wait(ring.ack_word(), seen, NAP);
+                }
+                ring.ack_sleepers().fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Withdraws the descriptors to `dst` up to number `index` that it has not begun to read,
+    /// and waits for a read in progress to end: afterwards `dst` no longer touches their buffers.
+    pub fn withdraw(&self, dst: u32, index: u64, inbox: &Inbox, timeout: Duration) {
+        let Some(p) = self.peer(dst) else { return };
+        let ring = &p.tx;
+        // With `cma_take`'s order (announce the read, then look at the withdrawals), one of the
+        // two sides sees the other: the reader skips the descriptor, or this waits for the read.
+        ring.cma_withdrawn().fetch_max(index + 1, Ordering::SeqCst);
+        let mut backoff = Backoff::new(self.wait);
+        let deadline = Instant::now() + timeout;
+        loop {
+            let r = ring.cma_reading().load(Ordering::SeqCst);
+            if r == 0 || r > index + 1 || ring.cma_done().load(Ordering::SeqCst) > index {
+                return;
+            }
+            // A reader that died or froze mid-read never ends it: its failure ends the wait.
+            if backoff.snooze() {
+                if inbox.peer_gone(dst).is_some() {
+                    return;
+                }
+                if Instant::now() >= deadline {
+                    tracing::warn!(dst, "world rank {dst} is still reading withdrawn data");
+                    return;
+                }
+                std::thread::sleep(Duration::from_micros(100));
             }
         }
     }
@@ -522,7 +805,7 @@ impl Shm {
         let ring = &p.rx;
         if st.partial.is_some() {
             // Another frame is half moved; finish it first (the sender is streaming it).
-            return match fill(ring, st, key.src, inbox)? {
+            return match fill(p, st, key.src, inbox)? {
                 true => Ok(Polled::Progress),
                 false => Ok(Polled::Nothing),
             };
@@ -531,14 +814,27 @@ impl Shm {
         if !ring.ready(t, Ordering::Acquire) {
             return Ok(Polled::Nothing);
         }
-        let (raw, len) = ring.piece(t);
-        let raw = raw.ok_or_else(|| Error::new(ErrorKind::Transfer, "shared memory ring out of step"))?;
+        let (raw, len, desc) = ring.piece(t);
+        let raw = raw.ok_or_else(out_of_step)?;
         let hdr = header(&raw, key.src)?;
         let this = Key { src: key.src, kind: hdr.kind, comm_id: hdr.comm_id, seq: hdr.seq };
         if this != key {
             // Another wait's frame: into the inbox with it (what has arrived of it, for now).
-            fill(ring, st, key.src, inbox)?;
+            fill(p, st, key.src, inbox)?;
             return Ok(Polled::Progress);
+        }
+        if desc {
+            let d = descriptor(p, st, t, len, &hdr)?;
+            (sink.check)(&hdr)?;
+            ring.release(t);
+            st.cma_next += 1;
+            return match cma_take(p, st, key.src, d, inbox, sink.piece)? {
+                true => Ok(Polled::Done),
+                false => Err(Error::new(
+                    ErrorKind::Remote,
+                    format!("world rank {} gave up its operation before this rank read its data", key.src),
+                )),
+            };
         }
         (sink.check)(&hdr)?;
         let total = hdr.len as usize;
@@ -570,9 +866,9 @@ impl Shm {
                 continue;
             }
             backoff.reset();
-            let (first, len) = ring.piece(t);
-            if first.is_some() || off + len > total {
-                return Err(Error::new(ErrorKind::Transfer, "shared memory ring out of step"));
+            let (first, len, desc) = ring.piece(t);
+            if first.is_some() || desc || off + len > total {
+                return Err(out_of_step());
             }
             (sink.piece)(off, ring.data(t, len));
             off += len;
@@ -593,7 +889,7 @@ impl Shm {
             }
             let Ok(mut st) = p.rx_state.try_lock() else { continue };
             loop {
-                match fill(&p.rx, &mut st, src as u32, inbox) {
+                match fill(p, &mut st, src as u32, inbox) {
                     Ok(true) => {}
                     Ok(false) => break,
                     Err(e) => {
@@ -606,28 +902,47 @@ impl Shm {
     }
 }
 
-/// Moves available slots of `ring` into the partial frame (starting one if none), pushing it to
-/// the inbox when complete. True when anything moved.
-fn fill(ring: &Ring, st: &mut RxState, src: u32, inbox: &Inbox) -> Result<bool> {
+/// Moves available slots of `p`'s ring into the partial frame (starting one if none), pushing it
+/// to the inbox when complete; a descriptor's payload is read whole into its frame. True when
+/// anything moved.
+fn fill(p: &ShmPeer, st: &mut RxState, src: u32, inbox: &Inbox) -> Result<bool> {
+    let ring = &p.rx;
     let mut t = ring.tail().load(Ordering::Relaxed);
     let mut moved = false;
     while ring.head().load(Ordering::Acquire) != t {
-        let (first, len) = ring.piece(t);
+        let (first, len, desc) = ring.piece(t);
         match (&mut st.partial, first) {
+            (None, Some(raw)) if desc => {
+                let hdr = header(&raw, src)?;
+                let d = descriptor(p, st, t, len, &hdr)?;
+                ring.release(t);
+                t += 1;
+                moved = true;
+                st.cma_next += 1;
+                let mut buf = vec![0u8; d.len as usize];
+                // A withdrawn descriptor's frame is dropped: its sender's operation failed, and
+                // so does the wait for it, through the communicator's state.
+                if cma_take(p, st, src, d, inbox, &mut |off, piece| buf[off..off + piece.len()].copy_from_slice(piece))? {
+                    st.partial = Some(Partial { hdr, buf });
+                }
+            }
             (None, Some(raw)) => {
                 let hdr = header(&raw, src)?;
                 let mut buf = Vec::with_capacity(hdr.len as usize);
                 buf.extend_from_slice(ring.data(t, len));
                 st.partial = Some(Partial { hdr, buf });
+                ring.release(t);
+                t += 1;
+                moved = true;
             }
-            (Some(part), None) if part.buf.len() + len <= part.hdr.len as usize => {
+            (Some(part), None) if !desc && part.buf.len() + len <= part.hdr.len as usize => {
                 part.buf.extend_from_slice(ring.data(t, len));
+                ring.release(t);
+                t += 1;
+                moved = true;
             }
-            _ => return Err(Error::new(ErrorKind::Transfer, "shared memory ring out of step")),
+            _ => return Err(out_of_step()),
         }
-        ring.release(t);
-        t += 1;
-        moved = true;
         if let Some(part) = st.partial.take_if(|p| p.buf.len() >= p.hdr.len as usize) {
             inbox.push(src, Frame { hdr: part.hdr, payload: part.buf });
             // A thread of ours may sleep on this ring waiting for exactly that frame.
@@ -638,6 +953,56 @@ fn fill(ring: &Ring, st: &mut RxState, src: u32, inbox: &Inbox) -> Result<bool> 
         }
     }
     Ok(moved)
+}
+
+/// The descriptor in slot `t` (the only slot of its frame), checked against the frame's header,
+/// the count of descriptors so far, and the pair's agreement to use them.
+fn descriptor(p: &ShmPeer, st: &RxState, t: u64, len: usize, hdr: &FrameHeader) -> Result<Desc> {
+    if p.cma_pid.is_none() {
+        return Err(Error::new(ErrorKind::Transfer, "a single-copy descriptor in shared memory where none was agreed"));
+    }
+    match Desc::decode(p.rx.data(t, len)) {
+        Some(d) if d.len == hdr.len && d.index == st.cma_next => Ok(d),
+        _ => Err(out_of_step()),
+    }
+}
+
+/// Reads descriptor `d`'s payload from `src`'s memory in pieces through the scratch buffer,
+/// handing each to `piece`, then acknowledges it, whatever the outcome. False when the sender
+/// had withdrawn it (nothing was read).
+fn cma_take(
+    p: &ShmPeer,
+    st: &mut RxState,
+    src: u32,
+    d: Desc,
+    inbox: &Inbox,
+    piece: &mut dyn FnMut(usize, &[u8]),
+) -> Result<bool> {
+    let Some(pid) = p.cma_pid else { return Err(Error::internal("no single-copy path")) };
+    let ring = &p.rx;
+    // Announce the read before looking at the withdrawals (see `Shm::withdraw`).
+    ring.cma_reading().store(d.index + 1, Ordering::SeqCst);
+    if ring.cma_withdrawn().load(Ordering::SeqCst) > d.index {
+        ring.acknowledge(d.index);
+        return Ok(false);
+    }
+    if st.scratch.is_empty() {
+        st.scratch = vec![0u8; CMA_PIECE];
+    }
+    let total = d.len as usize;
+    let mut off = 0;
+    let mut r = Ok(());
+    while off < total {
+        let n = (total - off).min(CMA_PIECE);
+        if let Err(e) = cma_read(pid, d.addr + off as u64, &mut st.scratch[..n]) {
+            r = Err(cma_error(src, &e, inbox));
+            break;
+        }
+        piece(off, &st.scratch[..n]);
+        off += n;
+    }
+    ring.acknowledge(d.index);
+    r.map(|_| true)
 }
 
 /// Offers and accepts shared memory on a freshly authenticated socket, before its reader
@@ -676,7 +1041,10 @@ pub(crate) fn handshake(
     if !(same && allow && theirs[36] == 1) {
         return Ok((their_host, None));
     }
-    let link = if me < peer { offer(sock, me, peer, mesh)? } else { accept(sock, peer)? };
+    let mut link = if me < peer { offer(sock, me, peer, mesh)? } else { accept(sock, peer)? };
+    if let Some(l) = &mut link {
+        l.cma_pid = agree_cma(sock, peer, cfg.cma)?;
+    }
     if link.is_none() && cfg.transport == Transport::Shm {
         return Err(Error::new(
             ErrorKind::System,
@@ -688,6 +1056,42 @@ pub(crate) fn handshake(
 
 fn hs_err(peer: u32, what: &'static str) -> impl Fn(std::io::Error) -> Error {
     move |e| Error::io(ErrorKind::Connect, format!("shared-memory handshake with world rank {peer}: {what}"), &e)
+}
+
+/// Both sides of a shared-memory pair send their pid and the address and value of their
+/// [`CMA_MAGIC`], try to read the other's, and tell each other whether that worked: single-copy
+/// reads are on only when both worked (pid namespaces, ptrace policy or seccomp may forbid them,
+/// in one direction only). Returns the peer's pid when they are on.
+fn agree_cma(sock: &mut TcpStream, peer: u32, allow: bool) -> Result<Option<i32>> {
+    let io = |what: &'static str| hs_err(peer, what);
+    let magic = cma_magic();
+    let mut mine = [0u8; 21];
+    mine[0] = allow as u8;
+    mine[1..5].copy_from_slice(&std::process::id().to_le_bytes());
+    mine[5..13].copy_from_slice(&(magic.as_ptr() as u64).to_le_bytes());
+    mine[13..21].copy_from_slice(&magic.load(Ordering::Relaxed).to_le_bytes());
+    // Both write before they read: 21 bytes fit any socket buffer.
+    sock.write_all(&mine).map_err(io("send pid"))?;
+    let mut theirs = [0u8; 21];
+    sock.read_exact(&mut theirs).map_err(io("receive pid"))?;
+    let (pid, addr, value) = cma_offer(&theirs);
+    let can = allow && theirs[0] == 1 && pid.is_some_and(|pid| cma_probe(pid, addr, value));
+    sock.write_all(&[can as u8]).map_err(io("send probe"))?;
+    let mut their_can = [0u8; 1];
+    sock.read_exact(&mut their_can).map_err(io("receive probe"))?;
+    let on = can && their_can[0] == 1;
+    if !on && allow {
+        tracing::debug!(peer, "no single-copy reads with world rank {peer} (HCCN_CMA, or the kernel forbids them)");
+    }
+    Ok(pid.filter(|_| on))
+}
+
+/// The pid (if it is a valid one), magic address and magic value in a peer's probe message.
+fn cma_offer(m: &[u8; 21]) -> (Option<i32>, u64, u64) {
+    let pid = u32::from_le_bytes([m[1], m[2], m[3], m[4]]);
+    let word = |i: usize| u64::from_le_bytes([m[i], m[i + 1], m[i + 2], m[i + 3], m[i + 4], m[i + 5], m[i + 6], m[i + 7]]);
+    let pid = i32::try_from(pid).ok().filter(|p| *p > 0);
+    (pid, word(5), word(13))
 }
 
 fn offer(sock: &mut TcpStream, me: u32, peer: u32, mesh: u64) -> Result<Option<ShmPeer>> {
