@@ -1156,3 +1156,145 @@ fn accept(sock: &mut TcpStream, peer: u32) -> Result<Option<ShmPeer>> {
     sock.write_all(&[mapped.is_some() as u8]).map_err(io("answer"))?;
     Ok(mapped.map(|s| ShmPeer::new(s, false)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptors_round_trip_and_other_lengths_are_refused() {
+        let d = Desc { addr: 0x7fff_1234_5670, len: (1 << 20) + 12, index: 41 };
+        assert_eq!(Desc::decode(&d.encode()), Some(d));
+        assert_eq!(Desc::decode(&d.encode()[..DESC_LEN - 1]), None);
+        assert_eq!(Desc::decode(&[0u8; DESC_LEN + 1]), None);
+    }
+
+    #[test]
+    fn the_probe_reads_this_process_and_fails_cleanly_otherwise() {
+        let m = cma_magic();
+        let (me, addr, value) = (std::process::id() as i32, m.as_ptr() as u64, m.load(Ordering::Relaxed));
+        assert!(cma_probe(me, addr, value), "reading this process's own magic");
+        assert!(!cma_probe(me, addr, value ^ 1), "a wrong value");
+        assert!(!cma_probe(me, 8, value), "an unmapped address");
+        // Above the largest pid Linux hands out: no such process.
+        let e = cma_read(i32::MAX, addr, &mut [0u8; 8]).err().and_then(|e| e.raw_os_error());
+        assert_eq!(e, Some(libc::ESRCH));
+        assert!(!cma_probe(i32::MAX, addr, value));
+        let bogus = [1u8, 0, 0, 0, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(cma_offer(&bogus).0, None, "a pid above i32::MAX");
+    }
+
+    /// Both sides of `agree_cma` over a loopback connection, with what each allows.
+    fn agree(a: bool, b: bool) -> (Option<i32>, Option<i32>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let t = std::thread::spawn(move || {
+            let mut s = TcpStream::connect(addr).expect("connect");
+            agree_cma(&mut s, 0, b).expect("agree")
+        });
+        let (mut s, _) = listener.accept().expect("accept");
+        let mine = agree_cma(&mut s, 1, a).expect("agree");
+        (mine, t.join().expect("join"))
+    }
+
+    #[test]
+    fn both_sides_agree_only_when_both_allow() {
+        let me = Some(std::process::id() as i32);
+        assert_eq!(agree(true, true), (me, me));
+        assert_eq!(agree(true, false), (None, None));
+        assert_eq!(agree(false, true), (None, None));
+    }
+
+    /// Two ends of one segment in this process (world ranks 0 and 1), with single-copy reads
+    /// agreed on the sending and the receiving side as given.
+    fn pair(send_cma: bool, recv_cma: bool) -> (Shm, Shm) {
+        let path = format!("/dev/shm/hccn-unit-{}-{send_cma}-{recv_cma}", std::process::id());
+        let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).expect("open");
+        f.set_len(SEG_BYTES as u64).expect("size");
+        let (a, b) = (Segment::map(&f).expect("map"), Segment::map(&f).expect("map"));
+        let _ = std::fs::remove_file(&path);
+        let me = std::process::id() as i32;
+        let mut a = ShmPeer::new(a, true);
+        let mut b = ShmPeer::new(b, false);
+        a.cma_pid = send_cma.then_some(me);
+        b.cma_pid = recv_cma.then_some(me);
+        (Shm::new(vec![None, Some(a)]), Shm::new(vec![Some(b), None]))
+    }
+
+    fn hdr(seq: u64, len: usize) -> FrameHeader {
+        FrameHeader { kind: FrameKind::Collective, comm_id: 7, epoch: 0, seq, tag: 3, len: len as u64 }
+    }
+
+    fn key(seq: u64) -> Key {
+        Key { src: 0, kind: FrameKind::Collective, comm_id: 7, seq }
+    }
+
+    /// Receives `key` on `shm` into a Vec.
+    fn recv(shm: &Shm, inbox: &Inbox, k: Key) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut check = |_: &FrameHeader| Ok(());
+        let mut piece = |off: usize, p: &[u8]| {
+            assert_eq!(off, out.len(), "pieces in order");
+            out.extend_from_slice(p);
+        };
+        let mut sink = Sink { check: &mut check, piece: &mut piece };
+        shm.recv(k, inbox, Duration::from_secs(2), &|_| None, &mut sink)?;
+        Ok(out)
+    }
+
+    #[test]
+    fn a_descriptor_is_read_in_place_drained_or_withdrawn() {
+        let (tx, rx) = pair(true, true);
+        let (tx_inbox, rx_inbox) = (Inbox::default(), Inbox::default());
+        let t = Duration::from_secs(2);
+        let payload: Vec<u8> = (0..(CMA_PIECE * 2 + 12)).map(|i| (i * 7 % 251) as u8).collect();
+        assert_eq!(tx.send_desc(1, &hdr(1, payload.len()), &payload, &tx_inbox, t).ok(), Some(Some(0)));
+        assert_eq!(recv(&rx, &rx_inbox, key(1)).ok().as_ref(), Some(&payload), "read in place");
+        assert!(tx.wait_sent(1, 0, &tx_inbox, t, &|_| None).is_ok(), "acknowledged");
+        // Another wait's descriptor moves into the inbox, read whole.
+        assert_eq!(tx.send_desc(1, &hdr(2, payload.len()), &payload, &tx_inbox, t).ok(), Some(Some(1)));
+        rx.drain(None, &rx_inbox);
+        assert_eq!(rx_inbox.try_take(key(2)).map(|f| f.payload).as_ref(), Some(&payload), "drained");
+        assert!(tx.wait_sent(1, 1, &tx_inbox, t, &|_| None).is_ok());
+        // Withdrawn before it was read: the receiver gets an error, not stale bytes.
+        assert_eq!(tx.send_desc(1, &hdr(3, payload.len()), &payload, &tx_inbox, t).ok(), Some(Some(2)));
+        tx.withdraw(1, 2, &tx_inbox, t);
+        let e = recv(&rx, &rx_inbox, key(3)).err().map(|e| e.kind());
+        assert_eq!(e, Some(ErrorKind::Remote));
+        // The pair stays in step: plain frames and descriptors go on.
+        tx.send(1, &hdr(4, 5), b"hello", &tx_inbox, t).expect("send");
+        assert_eq!(recv(&rx, &rx_inbox, key(4)).ok().as_deref(), Some(&b"hello"[..]));
+        assert_eq!(tx.send_desc(1, &hdr(5, payload.len()), &payload, &tx_inbox, t).ok(), Some(Some(3)));
+        assert_eq!(recv(&rx, &rx_inbox, key(5)).ok().as_ref(), Some(&payload));
+    }
+
+    #[test]
+    fn a_descriptor_where_none_was_agreed_or_of_the_wrong_length_is_a_protocol_error() {
+        let (tx, rx) = pair(true, false);
+        let (tx_inbox, rx_inbox) = (Inbox::default(), Inbox::default());
+        let t = Duration::from_secs(2);
+        let payload = vec![1u8; CMA_MIN];
+        tx.send_desc(1, &hdr(1, payload.len()), &payload, &tx_inbox, t).expect("send");
+        let e = recv(&rx, &rx_inbox, key(1)).err().map(|e| (e.kind(), e.message().to_owned()));
+        assert!(e.as_ref().is_some_and(|(k, m)| *k == ErrorKind::Transfer && m.contains("none was agreed")), "{e:?}");
+
+        let (tx, rx) = pair(true, true);
+        tx.send_desc(1, &hdr(1, payload.len() + 16), &payload, &tx_inbox, t).expect("send");
+        let e = recv(&rx, &rx_inbox, key(1)).err().map(|e| (e.kind(), e.message().to_owned()));
+        assert!(e.as_ref().is_some_and(|(k, m)| *k == ErrorKind::Transfer && m.contains("out of step")), "{e:?}");
+    }
+
+    #[test]
+    fn a_sender_waiting_for_a_dead_reader_gets_an_error() {
+        let (tx, _rx) = pair(true, true);
+        let tx_inbox = Inbox::default();
+        let t = Duration::from_secs(2);
+        let payload = vec![1u8; CMA_MIN];
+        let index = tx.send_desc(1, &hdr(1, payload.len()), &payload, &tx_inbox, t).ok().flatten();
+        tx_inbox.mark_failed(1, "killed".into());
+        let e = tx.wait_sent(1, index.unwrap_or(0), &tx_inbox, t, &|_| None).err().map(|e| e.kind());
+        assert_eq!(e, Some(ErrorKind::RankFailed));
+        let e = tx.wait_sent(1, 0, &Inbox::default(), Duration::from_millis(50), &|_| None).err().map(|e| e.kind());
+        assert_eq!(e, Some(ErrorKind::Timeout), "nobody reads: the deadline ends the wait");
+    }
+}
