@@ -9,7 +9,7 @@ use crate::comm::CommInner;
 use crate::error::{Error, ErrorKind, Result};
 use crate::reduce;
 use crate::trace;
-use crate::transport::shm::Sink;
+use crate::transport::shm::{Out, Sink};
 use crate::transport::Key;
 use crate::types::{DataType, ReduceOp};
 use crate::wire::{FrameHeader, FrameKind};
@@ -147,7 +147,14 @@ impl<'a> Ctx<'a> {
     }
 
     fn header(&self, tag: u32, len: usize) -> FrameHeader {
-        FrameHeader { kind: self.kind, comm_id: self.comm.id, epoch: self.comm.epoch, seq: self.seq, tag, len: len as u64 }
+        FrameHeader {
+            kind: self.kind,
+            comm_id: self.comm.id,
+            epoch: self.comm.epoch,
+            seq: self.seq,
+            tag,
+            len: len as u64,
+        }
     }
 
     pub fn send(&self, to: u32, tag: u32, data: &[u8]) -> Result<()> {
@@ -176,15 +183,19 @@ impl<'a> Ctx<'a> {
     /// as (offset, bytes) pieces in order; over shared memory the pieces are read in place, and
     /// they never split an element (every offset is a multiple of 16).
     pub fn recv_with(&self, from: u32, tag: u32, len: usize, f: &mut dyn FnMut(usize, &[u8])) -> Result<()> {
+        self.recv_traced(from, tag, len, Out::Pieces(f))
+    }
+
+    fn recv_traced(&self, from: u32, tag: u32, len: usize, out: Out<'_>) -> Result<()> {
         let t = trace::start();
-        let r = self.recv_untraced(from, tag, len, f);
+        let r = self.recv_untraced(from, tag, len, out);
         if t.is_on() && r.is_ok() {
             trace::transfer(t, self.world_rank(), from, self.world(from).unwrap_or(from), len as u64, false);
         }
         r
     }
 
-    fn recv_untraced(&self, from: u32, tag: u32, len: usize, f: &mut dyn FnMut(usize, &[u8])) -> Result<()> {
+    fn recv_untraced(&self, from: u32, tag: u32, len: usize, out: Out<'_>) -> Result<()> {
         let src = self.world(from)?;
         let key = Key { src, kind: self.kind, comm_id: self.comm.id, seq: self.seq };
         let epoch = self.comm.epoch;
@@ -207,7 +218,7 @@ impl<'a> Ctx<'a> {
             }
             Ok(())
         };
-        let mut sink = Sink { check: &mut check, piece: f };
+        let mut sink = Sink { check: &mut check, out };
         self.comm.net.recv(key, self.comm.timeout, &|health| self.comm.status(health), &mut sink).map_err(|e| {
             if matches!(e.kind(), ErrorKind::StaleEpoch | ErrorKind::Transfer) {
                 e
@@ -217,9 +228,10 @@ impl<'a> Ctx<'a> {
         })
     }
 
+    /// Receives the next frame from `from` (tag `tag`, exactly `dst.len()` bytes) into `dst`; a
+    /// single-copy read lands there directly.
     pub fn recv_into(&self, from: u32, tag: u32, dst: &mut [u8]) -> Result<()> {
-        let len = dst.len();
-        self.recv_with(from, tag, len, &mut |off, piece| dst[off..off + piece.len()].copy_from_slice(piece))
+        self.recv_traced(from, tag, dst.len(), Out::Into(dst))
     }
 
     pub fn recv_reduce(&self, from: u32, tag: u32, dst: &mut [u8], dt: DataType, op: ReduceOp) -> Result<()> {

@@ -20,6 +20,10 @@ pub(crate) struct Ring;
 pub(super) trait Codec {
     /// Element size of the working buffer.
     fn esize(&self) -> usize;
+    /// True when chunks travel as they are (received ones are stored without decoding).
+    fn raw(&self) -> bool {
+        false
+    }
     /// Bytes on the wire for `len` bytes of the working buffer.
     fn wire_len(&self, len: usize) -> usize;
     /// What is sent for `chunk` of the working buffer.
@@ -37,6 +41,9 @@ struct Plain(DataType);
 impl Codec for Plain {
     fn esize(&self) -> usize {
         self.0.size()
+    }
+    fn raw(&self) -> bool {
+        true
     }
     fn wire_len(&self, len: usize) -> usize {
         len
@@ -105,6 +112,11 @@ fn step(
         if c < k_in {
             let r = ctx.chunk_range(dst_all.len(), c);
             let dst = &mut dst_all[r];
+            if op.is_none() && codec.raw() {
+                // Stored as it arrives: a single-copy read lands in `dst` itself.
+                ctx.recv_into(prev, tag, dst)?;
+                continue;
+            }
             let wire = codec.wire_len(dst.len());
             // Decode each piece where it lies (in shared memory, for a local peer): a piece
             // at wire offset `o` covers the working bytes from `o * len / wire`.

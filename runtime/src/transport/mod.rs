@@ -387,7 +387,7 @@ impl Net {
         }
     }
 
-    /// Receives the frame `key`: `sink.check` sees its header, then `sink.piece` its payload
+    /// Receives the frame `key`: `sink.check` sees its header, then `sink.out` its payload
     /// (in order, in pieces that never split an element). Bounded by `timeout`; ends early with
     /// the error `status` gives (the communicator failed, was aborted or revoked).
     pub fn recv(
@@ -395,7 +395,7 @@ impl Net {
         key: Key,
         timeout: Duration,
         status: &dyn Fn(&Health<'_>) -> Option<Error>,
-        sink: &mut shm::Sink<'_>,
+        sink: &mut shm::Sink<'_, '_>,
     ) -> Result<()> {
         if self.shm.has(key.src) {
             return self.shm.recv(key, &self.inbox, timeout, status, sink);
@@ -423,7 +423,7 @@ impl Net {
             }
         };
         (sink.check)(&frame.hdr)?;
-        (sink.piece)(0, &frame.payload);
+        sink.piece(0, &frame.payload);
         pool::give(frame.payload);
         Ok(())
     }

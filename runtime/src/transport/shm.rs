@@ -10,6 +10,16 @@
 //! the ring of the peer it waits for; a frame at the head of that ring that belongs to another
 //! wait (another communicator, stream or sequence number) is moved to the inbox for it.
 //!
+//! Large frames can skip the ring's copy (CMA): when a probe at the handshake shows that both
+//! processes may read each other's memory with `process_vm_readv` (pid namespaces, ptrace policy
+//! or seccomp may forbid it; `HCCN_CMA=off` does), a sender that can wait for completion
+//! ([`Shm::send_desc`], used by the pipelined ring) writes a one-slot descriptor of its buffer
+//! instead of the payload. The receiver reads the payload from the sender's memory in pieces into
+//! a scratch buffer and hands them to its sink, then acknowledges it in the control block; the
+//! sender leaves its buffer alone until then ([`Shm::wait_sent`]), or withdraws what was not read
+//! yet when its operation fails ([`Shm::withdraw`]). Plain sends always use the ring: a sender
+//! blocked until its receiver reads could wait in a cycle of ranks that all send first.
+//!
 //! Waits spin briefly (not at all when the host's ranks outnumber its cores), then yield, then
 //! sleep on a futex in the shared page (woken by the other side, or after 1 ms to look at the
 //! peer's health). A waiting sender or receiver also drains the other rings into the inbox, so
@@ -359,7 +369,8 @@ impl Desc {
     }
     fn decode(b: &[u8]) -> Option<Desc> {
         let b: &[u8; DESC_LEN] = b.try_into().ok()?;
-        let word = |i: usize| u64::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3], b[i + 4], b[i + 5], b[i + 6], b[i + 7]]);
+        let word =
+            |i: usize| u64::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3], b[i + 4], b[i + 5], b[i + 6], b[i + 7]]);
         Some(Desc { addr: word(0), len: word(8), index: word(16) })
     }
 }
@@ -488,10 +499,33 @@ impl ShmPeer {
     }
 }
 
-/// What a receive hands its caller: the checked header first, then the payload in pieces.
-pub(crate) struct Sink<'a> {
+/// What a receive hands its caller: the checked header first, then the payload.
+pub(crate) struct Sink<'a, 'b> {
     pub check: &'a mut dyn FnMut(&FrameHeader) -> Result<()>,
-    pub piece: &'a mut dyn FnMut(usize, &[u8]),
+    pub out: Out<'b>,
+}
+
+/// Where a received payload goes.
+pub(crate) enum Out<'a> {
+    /// To a function, in (offset, bytes) pieces in order.
+    Pieces(&'a mut dyn FnMut(usize, &[u8])),
+    /// Into a buffer of the frame's length (checked by `check`), where a single-copy read lands
+    /// directly.
+    Into(&'a mut [u8]),
+}
+
+impl Sink<'_, '_> {
+    /// Hands over the payload bytes at `off`.
+    pub fn piece(&mut self, off: usize, bytes: &[u8]) {
+        match &mut self.out {
+            Out::Pieces(f) => f(off, bytes),
+            Out::Into(buf) => {
+                if let Some(dst) = buf.get_mut(off..off + bytes.len()) {
+                    dst.copy_from_slice(bytes);
+                }
+            }
+        }
+    }
 }
 
 /// The shared-memory links of one world, by world rank.
@@ -735,7 +769,7 @@ impl Shm {
         inbox: &Inbox,
         timeout: Duration,
         status: &dyn Fn(&Health<'_>) -> Option<Error>,
-        sink: &mut Sink<'_>,
+        sink: &mut Sink<'_, '_>,
     ) -> Result<()> {
         let Some(p) = self.peer(key.src) else { return Err(Error::internal("no shared memory to that rank")) };
         let deadline = Instant::now() + timeout;
@@ -749,7 +783,7 @@ impl Shm {
                 if inbox.queued() > 0 {
                     if let Some(f) = inbox.try_take(key) {
                         (sink.check)(&f.hdr)?;
-                        (sink.piece)(0, &f.payload);
+                        sink.piece(0, &f.payload);
                         return Ok(());
                     }
                 }
@@ -800,7 +834,7 @@ impl Shm {
         key: Key,
         inbox: &Inbox,
         deadline: Instant,
-        sink: &mut Sink<'_>,
+        sink: &mut Sink<'_, '_>,
     ) -> Result<Polled> {
         let ring = &p.rx;
         if st.partial.is_some() {
@@ -828,7 +862,7 @@ impl Shm {
             (sink.check)(&hdr)?;
             ring.release(t);
             st.cma_next += 1;
-            return match cma_take(p, st, key.src, d, inbox, sink.piece)? {
+            return match cma_take(p, st, key.src, d, inbox, &mut sink.out)? {
                 true => Ok(Polled::Done),
                 false => Err(Error::new(
                     ErrorKind::Remote,
@@ -838,7 +872,7 @@ impl Shm {
         }
         (sink.check)(&hdr)?;
         let total = hdr.len as usize;
-        (sink.piece)(0, ring.data(t, len));
+        sink.piece(0, ring.data(t, len));
         let mut off = len;
         ring.release(t);
         t += 1;
@@ -870,7 +904,7 @@ impl Shm {
             if first.is_some() || desc || off + len > total {
                 return Err(out_of_step());
             }
-            (sink.piece)(off, ring.data(t, len));
+            sink.piece(off, ring.data(t, len));
             off += len;
             ring.release(t);
             t += 1;
@@ -922,7 +956,7 @@ fn fill(p: &ShmPeer, st: &mut RxState, src: u32, inbox: &Inbox) -> Result<bool> 
                 let mut buf = vec![0u8; d.len as usize];
                 // A withdrawn descriptor's frame is dropped: its sender's operation failed, and
                 // so does the wait for it, through the communicator's state.
-                if cma_take(p, st, src, d, inbox, &mut |off, piece| buf[off..off + piece.len()].copy_from_slice(piece))? {
+                if cma_take(p, st, src, d, inbox, &mut Out::Into(&mut buf))? {
                     st.partial = Some(Partial { hdr, buf });
                 }
             }
@@ -967,17 +1001,10 @@ fn descriptor(p: &ShmPeer, st: &RxState, t: u64, len: usize, hdr: &FrameHeader) 
     }
 }
 
-/// Reads descriptor `d`'s payload from `src`'s memory in pieces through the scratch buffer,
-/// handing each to `piece`, then acknowledges it, whatever the outcome. False when the sender
-/// had withdrawn it (nothing was read).
-fn cma_take(
-    p: &ShmPeer,
-    st: &mut RxState,
-    src: u32,
-    d: Desc,
-    inbox: &Inbox,
-    piece: &mut dyn FnMut(usize, &[u8]),
-) -> Result<bool> {
+/// Reads descriptor `d`'s payload from `src`'s memory straight into `out`'s buffer, or in pieces
+/// through the scratch buffer to `out`'s function, then acknowledges it, whatever the outcome.
+/// False when the sender had withdrawn it (nothing was read).
+fn cma_take(p: &ShmPeer, st: &mut RxState, src: u32, d: Desc, inbox: &Inbox, out: &mut Out<'_>) -> Result<bool> {
     let Some(pid) = p.cma_pid else { return Err(Error::internal("no single-copy path")) };
     let ring = &p.rx;
     // Announce the read before looking at the withdrawals (see `Shm::withdraw`).
@@ -986,23 +1013,32 @@ fn cma_take(
         ring.acknowledge(d.index);
         return Ok(false);
     }
-    if st.scratch.is_empty() {
-        st.scratch = vec![0u8; CMA_PIECE];
-    }
     let total = d.len as usize;
-    let mut off = 0;
-    let mut r = Ok(());
-    while off < total {
-        let n = (total - off).min(CMA_PIECE);
-        if let Err(e) = cma_read(pid, d.addr + off as u64, &mut st.scratch[..n]) {
-            r = Err(cma_error(src, &e, inbox));
-            break;
+    let r = match out {
+        Out::Into(buf) => match buf.get_mut(..total) {
+            Some(dst) => cma_read(pid, d.addr, dst),
+            None => Err(std::io::Error::other("a frame longer than its buffer")),
+        },
+        Out::Pieces(piece) => {
+            if st.scratch.is_empty() {
+                st.scratch = vec![0u8; CMA_PIECE];
+            }
+            let mut off = 0;
+            let mut r = Ok(());
+            while off < total {
+                let n = (total - off).min(CMA_PIECE);
+                r = cma_read(pid, d.addr + off as u64, &mut st.scratch[..n]);
+                if r.is_err() {
+                    break;
+                }
+                piece(off, &st.scratch[..n]);
+                off += n;
+            }
+            r
         }
-        piece(off, &st.scratch[..n]);
-        off += n;
-    }
+    };
     ring.acknowledge(d.index);
-    r.map(|_| true)
+    r.map(|_| true).map_err(|e| cma_error(src, &e, inbox))
 }
 
 /// Offers and accepts shared memory on a freshly authenticated socket, before its reader
@@ -1089,7 +1125,8 @@ fn agree_cma(sock: &mut TcpStream, peer: u32, allow: bool) -> Result<Option<i32>
 /// The pid (if it is a valid one), magic address and magic value in a peer's probe message.
 fn cma_offer(m: &[u8; 21]) -> (Option<i32>, u64, u64) {
     let pid = u32::from_le_bytes([m[1], m[2], m[3], m[4]]);
-    let word = |i: usize| u64::from_le_bytes([m[i], m[i + 1], m[i + 2], m[i + 3], m[i + 4], m[i + 5], m[i + 6], m[i + 7]]);
+    let word =
+        |i: usize| u64::from_le_bytes([m[i], m[i + 1], m[i + 2], m[i + 3], m[i + 4], m[i + 5], m[i + 6], m[i + 7]]);
     let pid = i32::try_from(pid).ok().filter(|p| *p > 0);
     (pid, word(5), word(13))
 }
@@ -1237,7 +1274,7 @@ mod tests {
             assert_eq!(off, out.len(), "pieces in order");
             out.extend_from_slice(p);
         };
-        let mut sink = Sink { check: &mut check, piece: &mut piece };
+        let mut sink = Sink { check: &mut check, out: Out::Pieces(&mut piece) };
         shm.recv(k, inbox, Duration::from_secs(2), &|_| None, &mut sink)?;
         Ok(out)
     }
