@@ -1322,6 +1322,28 @@ mod tests {
     }
 
     #[test]
+    fn a_descriptor_of_unmapped_memory_is_a_transfer_error_not_a_crash() {
+        let (tx, rx) = pair(true, true);
+        let (tx_inbox, rx_inbox) = (Inbox::default(), Inbox::default());
+        let t = Duration::from_secs(2);
+        let len = CMA_MIN;
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        // SAFETY: a fresh private anonymous mapping of `len` bytes, checked for MAP_FAILED.
+        let m = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+        assert_ne!(m, libc::MAP_FAILED);
+        {
+            // SAFETY: the mapping is `len` readable bytes; the slice is gone before the munmap.
+            let payload = unsafe { std::slice::from_raw_parts(m as *const u8, len) };
+            tx.send_desc(1, &hdr(1, len), payload, &tx_inbox, t).expect("send");
+        }
+        // SAFETY: `m` is the mapping made above, no longer referenced.
+        unsafe { libc::munmap(m, len) };
+        let e = recv(&rx, &rx_inbox, key(1)).err().map(|e| e.kind());
+        assert_eq!(e, Some(ErrorKind::Transfer));
+        assert!(tx.wait_sent(1, 0, &tx_inbox, t, &|_| None).is_ok(), "acknowledged all the same");
+    }
+
+    #[test]
     fn a_sender_waiting_for_a_dead_reader_gets_an_error() {
         let (tx, _rx) = pair(true, true);
         let tx_inbox = Inbox::default();
