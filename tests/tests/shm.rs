@@ -56,27 +56,26 @@ fn frames_larger_than_a_ring_stream_through_it_in_every_pattern() {
 #[test]
 fn single_copy_reads_and_the_rings_give_identical_bits_with_2_3_4_ranks() {
     let worker = PathBuf::from(env!("CARGO_BIN_EXE_hccn-cma"));
-    for n in [2u32, 3, 4] {
+    // The cost model's chunks, and chunks of exactly the threshold, where a step's full chunks
+    // go by descriptor and its shorter last one through the ring.
+    for (n, chunk) in [(2u32, "524288"), (3, "524288"), (4, "524288"), (2, "65536"), (3, "65536")] {
         let mut results = Vec::new();
         for cma in ["off", "auto"] {
-            let env = [("HCCN_CMA", cma), ("HCCN_ALGO", "ring"), LOG];
+            let env = [("HCCN_CMA", cma), ("HCCN_ALGO", "ring"), ("HCCN_CHUNK_BYTES", chunk), LOG];
+            let what = format!("{n} ranks, HCCN_CMA={cma}, HCCN_CHUNK_BYTES={chunk}");
             let out = launch::hccnrun(n, &worker, &[], &env, Duration::from_secs(240));
-            assert_eq!(out.code, Some(0), "{n} ranks, HCCN_CMA={cma}: {}", out.describe());
+            assert_eq!(out.code, Some(0), "{what}: {}", out.describe());
             links_are(&out, n, &format!("\"shm\" cma={}", cma == "auto"));
             let mut hashes = Vec::new();
             for r in 0..n {
-                assert!(
-                    out.stdout.contains(&format!("[{r}] WRONG 0")),
-                    "{n} ranks, HCCN_CMA={cma}: {}",
-                    out.describe()
-                );
+                assert!(out.stdout.contains(&format!("[{r}] WRONG 0")), "{what}: {}", out.describe());
                 let prefix = format!("[{r}] HASH ");
                 hashes.extend(out.stdout.lines().filter(|l| l.starts_with(&prefix)).map(str::to_owned));
             }
-            assert_eq!(hashes.len(), 6 * 4 * n as usize, "{n} ranks, HCCN_CMA={cma}: {}", out.describe());
+            assert_eq!(hashes.len(), 6 * 4 * n as usize, "{what}: {}", out.describe());
             results.push(hashes);
         }
-        assert_eq!(results[0], results[1], "{n} ranks: HCCN_CMA=off and auto differ");
+        assert_eq!(results[0], results[1], "{n} ranks, HCCN_CHUNK_BYTES={chunk}: HCCN_CMA=off and auto differ");
     }
 }
 
