@@ -112,7 +112,7 @@ impl<'a> Ctx<'a> {
             .ok_or_else(|| Error::internal(format!("rank {rank} outside a communicator of {}", self.size())))
     }
 
-    /// Starts sending `data` to `to`; the send completes when [`Sends::wait`] returns. A large
+    /// Starts sending `data` to `to`; the send completes when [`Ctx::wait_sends`] returns. A large
     /// chunk to a same-host peer is read by the peer straight from `data` (which is why the
     /// borrow lasts until then); anything else is sent before this returns.
     pub fn send_start<'d>(&self, sends: &mut Sends<'d>, to: u32, tag: u32, data: Cow<'d, [u8]>) -> Result<()>

@@ -483,8 +483,8 @@ impl Net {
         self.shm.wait_sent(dst, index, &self.inbox, self.timeout, status)
     }
 
-    /// Withdraws the frames up to number `index` that world rank `dst` has not begun to read, and
-    /// waits for a read in progress: their buffers are this process's again.
+    /// Withdraws the frame numbered `index` unless world rank `dst` has begun to read it, and
+    /// then waits for the read to end: its buffer is this process's again.
     pub fn send_withdraw(&self, dst: u32, index: u64) {
         self.shm.withdraw(dst, index, &self.inbox, self.timeout)
     }

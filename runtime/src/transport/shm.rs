@@ -46,9 +46,20 @@ const SLOT_DATA: usize = 64 << 10;
 const SLOT_HEAD: usize = 64;
 const SLOT_BYTES: usize = SLOT_HEAD + SLOT_DATA;
 const SLOTS: u64 = 16;
-/// Ring control block: head, tail, data futex, space futex, CMA acknowledgements (consumer),
-/// CMA withdrawals (producer), each on its own cache line.
-const CTRL: usize = 384;
+/// Ring control block: head, tail, data futex, space futex, CMA acknowledgements, each on its
+/// own cache line, then the states of the descriptors in flight.
+const CTRL: usize = CMA_STATES_AT + CMA_STATES as usize * 8;
+const CMA_STATES_AT: usize = 320;
+/// Descriptors in flight whose state the control block can hold: more than a ring's slots plus
+/// the one being read, the most that can be unacknowledged (a descriptor's slot is released just
+/// before it is read).
+const CMA_STATES: u64 = 32;
+const _: () = assert!(CMA_STATES > SLOTS + 1);
+/// A descriptor's state (with its number in the bits above): the sender posted it, the receiver
+/// is reading it, or the sender withdrew it before the receiver began.
+const POSTED: u64 = 1;
+const READING: u64 = 2;
+const WITHDRAWN: u64 = 3;
 const RING_BYTES: usize = CTRL + SLOTS as usize * SLOT_BYTES;
 const SEG_BYTES: usize = 2 * RING_BYTES;
 /// A slot header (one cache line): the frame header without magic, version and reserved word
@@ -146,8 +157,8 @@ struct Ring {
 
 impl Ring {
     fn word64(&self, off: usize) -> &AtomicU64 {
-        // SAFETY: `off` is a cache-line offset inside the control block of a live mapping,
-        // 8-byte aligned (the mapping is page aligned); shared memory is only accessed atomically.
+        // SAFETY: `off` is an 8-byte aligned offset inside the control block of a live mapping
+        // (the mapping is page aligned); shared memory is only accessed atomically.
         unsafe { AtomicU64::from_ptr(self.base.add(off).cast()) }
     }
     fn word32(&self, off: usize) -> &AtomicU32 {
@@ -181,10 +192,6 @@ impl Ring {
     fn cma_done(&self) -> &AtomicU64 {
         self.word64(256)
     }
-    /// `n + 1` while the consumer reads descriptor `n`, else 0.
-    fn cma_reading(&self) -> &AtomicU64 {
-        self.word64(264)
-    }
     /// Bumped when a descriptor is finished and the producer sleeps; the producer's futex.
     fn ack_word(&self) -> &AtomicU32 {
         self.word32(272)
@@ -192,15 +199,15 @@ impl Ring {
     fn ack_sleepers(&self) -> &AtomicU32 {
         self.word32(276)
     }
-    /// Descriptors below this were withdrawn by the producer (its operation failed and its
-    /// buffers may change): the consumer must not read them.
-    fn cma_withdrawn(&self) -> &AtomicU64 {
-        self.word64(320)
+    /// Descriptor `n`'s state: `n << 2 | POSTED`, `READING` or `WITHDRAWN`. Both sides change
+    /// it with compare-and-swap, so exactly one wins: the reader, which then reads, or the sender
+    /// withdrawing it, after which the reader skips it.
+    fn cma_state(&self, n: u64) -> &AtomicU64 {
+        self.word64(CMA_STATES_AT + (n % CMA_STATES) as usize * 8)
     }
     /// Records descriptor `n` as finished and wakes a producer waiting for it.
     fn acknowledge(&self, n: u64) {
-        self.cma_done().store(n + 1, Ordering::Release);
-        self.cma_reading().store(0, Ordering::SeqCst);
+        self.cma_done().store(n + 1, Ordering::SeqCst);
         if self.ack_sleepers().load(Ordering::SeqCst) > 0 {
             self.ack_word().fetch_add(1, Ordering::SeqCst);
             futex_wake(self.ack_word());
@@ -618,6 +625,11 @@ impl Shm {
         let mut tx = p.tx_lock.lock().unwrap_or_else(|e| e.into_inner());
         let tx = &mut *tx;
         let d = Desc { addr: payload.as_ptr() as u64, len: payload.len() as u64, index: tx.posted };
+        if desc {
+            // Visible to the reader with the slot (published with Release). The state of
+            // descriptor `index - CMA_STATES` is free: that one was acknowledged (see CMA_STATES).
+            p.tx.cma_state(d.index).store(d.index << 2 | POSTED, Ordering::Relaxed);
+        }
         let encoded = d.encode();
         let (payload, flags) = if desc { (&encoded[..], CMA) } else { (payload, 0) };
         let ring = &p.tx;
@@ -678,9 +690,9 @@ impl Shm {
     }
 
     /// Waits until `dst` has read every descriptor up to number `index` (its acknowledgement),
-    /// keeping the other rings moving meanwhile. Ends early, withdrawing what `dst` has not read
-    /// yet, when `dst` fails or leaves, `status` gives the communicator's error, or the deadline
-    /// passes.
+    /// keeping the other rings moving meanwhile. Ends early, withdrawing descriptor `index` if
+    /// `dst` has not begun to read it, when `dst` fails or leaves, `status` gives the
+    /// communicator's error, or the deadline passes.
     pub fn wait_sent(
         &self,
         dst: u32,
@@ -703,6 +715,8 @@ impl Shm {
                 gen = g;
                 if inbox.troubles() != 0 {
                     if let Some(reason) = inbox.failed_reason(dst) {
+                        // Declared failed may still mean frozen: it must not read on if it wakes.
+                        self.withdraw(dst, index, inbox, timeout);
                         return Err(Error::rank_failed(vec![dst], format!("world rank {dst} failed: {reason}")));
                     }
                     let ended = inbox.health(|h| status(h));
@@ -732,19 +746,21 @@ impl Shm {
         }
     }
 
-    /// Withdraws the descriptors to `dst` up to number `index` that it has not begun to read,
-    /// and waits for a read in progress to end: afterwards `dst` no longer touches their buffers.
+    /// Withdraws descriptor `index` to `dst` unless it has begun to read it, and then waits for
+    /// the read to end: afterwards `dst` no longer touches its buffer.
     pub fn withdraw(&self, dst: u32, index: u64, inbox: &Inbox, timeout: Duration) {
         let Some(p) = self.peer(dst) else { return };
         let ring = &p.tx;
-        // With `cma_take`'s order (announce the read, then look at the withdrawals), one of the
-        // two sides sees the other: the reader skips the descriptor, or this waits for the read.
-        ring.cma_withdrawn().fetch_max(index + 1, Ordering::SeqCst);
+        let state = ring.cma_state(index);
+        let posted = index << 2 | POSTED;
+        if state.compare_exchange(posted, index << 2 | WITHDRAWN, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+            return;
+        }
+        // Being read, or finished (its state may already belong to a later descriptor).
         let mut backoff = Backoff::new(self.wait);
         let deadline = Instant::now() + timeout;
         loop {
-            let r = ring.cma_reading().load(Ordering::SeqCst);
-            if r == 0 || r > index + 1 || ring.cma_done().load(Ordering::SeqCst) > index {
+            if ring.cma_done().load(Ordering::SeqCst) > index {
                 return;
             }
             // A reader that died or froze mid-read never ends it: its failure ends the wait.
@@ -1007,11 +1023,13 @@ fn descriptor(p: &ShmPeer, st: &RxState, t: u64, len: usize, hdr: &FrameHeader) 
 fn cma_take(p: &ShmPeer, st: &mut RxState, src: u32, d: Desc, inbox: &Inbox, out: &mut Out<'_>) -> Result<bool> {
     let Some(pid) = p.cma_pid else { return Err(Error::internal("no single-copy path")) };
     let ring = &p.rx;
-    // Announce the read before looking at the withdrawals (see `Shm::withdraw`).
-    ring.cma_reading().store(d.index + 1, Ordering::SeqCst);
-    if ring.cma_withdrawn().load(Ordering::SeqCst) > d.index {
-        ring.acknowledge(d.index);
-        return Ok(false);
+    let (posted, reading) = (d.index << 2 | POSTED, d.index << 2 | READING);
+    match ring.cma_state(d.index).compare_exchange(posted, reading, Ordering::SeqCst, Ordering::SeqCst) {
+        Ok(_) => {}
+        Err(s) => {
+            ring.acknowledge(d.index);
+            return if s == d.index << 2 | WITHDRAWN { Ok(false) } else { Err(out_of_step()) };
+        }
     }
     let total = d.len as usize;
     let r = match out {
@@ -1293,15 +1311,19 @@ mod tests {
         rx.drain(None, &rx_inbox);
         assert_eq!(rx_inbox.try_take(key(2)).map(|f| f.payload).as_ref(), Some(&payload), "drained");
         assert!(tx.wait_sent(1, 1, &tx_inbox, t, &|_| None).is_ok());
-        // Withdrawn before it was read: the receiver gets an error, not stale bytes.
-        assert_eq!(tx.send_desc(1, &hdr(3, payload.len()), &payload, &tx_inbox, t).ok(), Some(Some(2)));
-        tx.withdraw(1, 2, &tx_inbox, t);
+        // Withdrawn before it was read: the receiver gets an error, not stale bytes; the
+        // descriptor before it (another operation's, say) is still read.
+        assert_eq!(tx.send_desc(1, &hdr(6, payload.len()), &payload, &tx_inbox, t).ok(), Some(Some(2)));
+        assert_eq!(tx.send_desc(1, &hdr(3, payload.len()), &payload, &tx_inbox, t).ok(), Some(Some(3)));
+        tx.withdraw(1, 3, &tx_inbox, t);
+        assert_eq!(recv(&rx, &rx_inbox, key(6)).ok().as_ref(), Some(&payload), "not withdrawn");
         let e = recv(&rx, &rx_inbox, key(3)).err().map(|e| e.kind());
         assert_eq!(e, Some(ErrorKind::Remote));
+        tx.withdraw(1, 2, &tx_inbox, t);
         // The pair stays in step: plain frames and descriptors go on.
         tx.send(1, &hdr(4, 5), b"hello", &tx_inbox, t).expect("send");
         assert_eq!(recv(&rx, &rx_inbox, key(4)).ok().as_deref(), Some(&b"hello"[..]));
-        assert_eq!(tx.send_desc(1, &hdr(5, payload.len()), &payload, &tx_inbox, t).ok(), Some(Some(3)));
+        assert_eq!(tx.send_desc(1, &hdr(5, payload.len()), &payload, &tx_inbox, t).ok(), Some(Some(4)));
         assert_eq!(recv(&rx, &rx_inbox, key(5)).ok().as_ref(), Some(&payload));
     }
 
@@ -1322,7 +1344,7 @@ mod tests {
     }
 
     #[test]
-    fn a_descriptor_of_unmapped_memory_is_a_transfer_error_not_a_crash() {
+    fn a_descriptor_of_unreadable_memory_is_a_transfer_error_not_a_crash() {
         let (tx, rx) = pair(true, true);
         let (tx_inbox, rx_inbox) = (Inbox::default(), Inbox::default());
         let t = Duration::from_secs(2);
@@ -1332,13 +1354,17 @@ mod tests {
         let m = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
         assert_ne!(m, libc::MAP_FAILED);
         {
-            // SAFETY: the mapping is `len` readable bytes; the slice is gone before the munmap.
+            // SAFETY: the mapping is `len` readable bytes; the slice is gone before the mprotect.
             let payload = unsafe { std::slice::from_raw_parts(m as *const u8, len) };
             tx.send_desc(1, &hdr(1, len), payload, &tx_inbox, t).expect("send");
         }
+        // Unreadable but still mapped (unmapped, its addresses could be mapped again by another
+        // test thread meanwhile).
         // SAFETY: `m` is the mapping made above, no longer referenced.
-        unsafe { libc::munmap(m, len) };
+        assert_eq!(unsafe { libc::mprotect(m, len, libc::PROT_NONE) }, 0);
         let e = recv(&rx, &rx_inbox, key(1)).err().map(|e| e.kind());
+        // SAFETY: as above.
+        unsafe { libc::munmap(m, len) };
         assert_eq!(e, Some(ErrorKind::Transfer));
         assert!(tx.wait_sent(1, 0, &tx_inbox, t, &|_| None).is_ok(), "acknowledged all the same");
     }
