@@ -34,6 +34,8 @@ pub const VARIABLES: &[Variable] = &[
     Variable { name: "HCCN_LEASE_TTL_S", default: "`2`", meaning: "With an etcd store, each world communicator's membership key lives on a lease of this many seconds, kept alive in the background: a backstop that declares a rank failed when its process dies or freezes, even with heartbeats off (1 .. 3600; etcd may round it up)." },
     Variable { name: "HCCN_TRACE", default: "(off)", meaning: "Directory where each rank writes a Chrome trace-event file `hccn-trace-<job>-<rank>.json` (one event per operation and per transfer); see docs/observability.md." },
     Variable { name: "HCCN_TRANSPORT", default: "`auto`", meaning: "Data transport between ranks: `auto` (shared memory between ranks on one host, TCP between hosts), `tcp` (TCP everywhere), `shm` (shared memory, and an error if a peer is on another host). TCP always stays for control and failure detection." },
+    Variable { name: "HCCN_BOARD_BYTES", default: "`4096`", meaning: "Largest allreduce (in bytes) that a communicator whose ranks all share one host runs on its shared-memory board: one round in which each rank posts its buffer and folds everyone's (see docs/algorithms.md); `0` sends such allreduces as messages (recursive doubling). At most 4096." },
+    Variable { name: "HCCN_CMA", default: "`auto`", meaning: "Single-copy reads of large shared-memory messages with `process_vm_readv` (cross-memory attach): `auto` (used between two ranks when a probe at connection shows the kernel permits it) or `off` (every byte goes through the shared-memory rings)." },
     Variable { name: "HCCN_LOG", default: "`warn`", meaning: "Log filter (`error`, `warn`, `info`, `debug`, `trace`, or tracing's `target=level` list); logs go to stderr." },
     Variable { name: "HCCN_BACKEND", default: "`native`", meaning: "Data path of new communicators: `native` (hccn's TCP runtime) or `hccl` (Huawei HCCL on Ascend NPUs, loaded at run time; see docs/hccl.md)." },
     Variable { name: "HCCN_HCCL_LIB", default: "(search)", meaning: "Path of `libhccl.so` for `HCCN_BACKEND=hccl`; else `$ASCEND_HOME_PATH/lib64`, `$ASCEND_TOOLKIT_HOME/lib64`, then the loader's search path." },
@@ -107,6 +109,10 @@ pub struct Config {
     pub transport: Transport,
     /// `HCCN_LINK_COST`: where the cost model's link figures come from.
     pub link_cost: LinkCostSource,
+    /// `HCCN_CMA`: may large shared-memory messages be read with process_vm_readv?
+    pub cma: bool,
+    /// `HCCN_BOARD_BYTES`: the largest allreduce that goes to the shared-memory board.
+    pub board_bytes: usize,
 }
 
 /// Where the link figures of the cost model come from (`HCCN_LINK_COST`); world rank 0's
@@ -227,6 +233,8 @@ impl Default for Config {
             device_id: None,
             transport: Transport::Auto,
             link_cost: LinkCostSource::Measure,
+            cma: true,
+            board_bytes: crate::transport::board::BOARD_BYTES,
         }
     }
 }
@@ -293,6 +301,21 @@ impl Config {
         }
         if let Some(v) = get("HCCN_LINK_COST") {
             c.link_cost = LinkCostSource::parse(&v)?;
+        }
+        if let Some(v) = get("HCCN_BOARD_BYTES") {
+            let b: usize = parse("HCCN_BOARD_BYTES", &v, "a byte count")?;
+            let max = crate::transport::board::BOARD_BYTES;
+            if b > max {
+                return Err(Error::invalid(format!("HCCN_BOARD_BYTES={b} is above {max}")));
+            }
+            c.board_bytes = b;
+        }
+        if let Some(v) = get("HCCN_CMA") {
+            c.cma = match v.trim() {
+                "auto" | "" => true,
+                "off" => false,
+                _ => return Err(Error::invalid(format!("HCCN_CMA={v:?} is not auto or off"))),
+            };
         }
         if let Some(v) = get("HCCN_LOG") {
             c.log = v;
@@ -449,6 +472,15 @@ mod tests {
             let e = link_cost(v).err().unwrap_or_else(|| panic!("{v:?} was accepted"));
             assert!(e.contains("HCCN_LINK_COST") && e.contains(needle), "{v:?}: {e}");
         }
+    }
+
+    #[test]
+    fn cma_choice() {
+        assert!(Config::default().cma);
+        assert_eq!(Config::from_lookup(lookup(&[("HCCN_CMA", "off")])).map(|c| c.cma).ok(), Some(false));
+        assert_eq!(Config::from_lookup(lookup(&[("HCCN_CMA", "auto")])).map(|c| c.cma).ok(), Some(true));
+        let e = Config::from_lookup(lookup(&[("HCCN_CMA", "on")])).err().map(|e| e.to_string());
+        assert!(e.is_some_and(|m| m.contains("HCCN_CMA")));
     }
 
     #[test]

@@ -26,35 +26,51 @@ fn pid_alive(pid: u128) -> bool {
 #[test]
 fn sigkill_mid_allreduce_fails_survivors_within_two_seconds() {
     for n in [3u32, 4] {
-        let out = launch::hccnrun(n, &faults(), &["kill"], &[], Duration::from_secs(120));
-        let victim = n - 1;
-        // hccnrun reports the victim's death by signal and returns 128 + 9.
-        assert_eq!(out.code, Some(137), "{}", out.describe());
-        let killed_at =
-            field(&out.stdout, victim, "KILL_AT").unwrap_or_else(|| panic!("no KILL_AT: {}", out.describe()));
-        for r in 0..victim {
-            let line = out
-                .stdout
-                .lines()
-                .find(|l| l.starts_with(&format!("[{r}] ERROR_AT")))
-                .unwrap_or_else(|| panic!("rank {r} saw no error: {}", out.describe()));
-            assert!(line.contains("code=100"), "rank {r}: {line}");
-            assert!(line.contains(&format!("failed=[{victim}]")), "rank {r}: {line}");
-            let at = field(&out.stdout, r, "ERROR_AT").unwrap_or(0);
-            assert!(
-                at >= killed_at && at - killed_at <= 2000,
-                "rank {r} noticed after {} ms: {}",
-                at.saturating_sub(killed_at),
-                out.describe()
-            );
-            assert!(out.stdout.contains(&format!("[{r}] AFTER code=Some(100) async=100")), "{}", out.describe());
-        }
-        for r in 0..n {
-            if let Some(pid) = field(&out.stdout, r, "PID") {
-                assert!(!pid_alive(pid), "rank {r} (pid {pid}) outlived the job");
-            }
+        sigkill_mid_allreduce(n, &[]);
+    }
+}
+
+#[test]
+fn sigkill_mid_a_single_copy_ring_allreduce_fails_survivors_within_two_seconds() {
+    // 64 MiB over the ring: every chunk goes by descriptor, read from the sender's memory.
+    for n in [2u32, 4] {
+        let out = sigkill_mid_allreduce(n, &[("HCCN_ALGO", "ring"), ("HCCN_LOG", "hccn_runtime::transport=info")]);
+        let all = format!("{}{}", out.stdout, out.stderr);
+        assert!(all.contains("cma=true"), "no single-copy link: {}", out.describe());
+    }
+}
+
+/// The last of `n` ranks SIGKILLs itself in a large allreduce: every survivor must report the
+/// failure (naming it) within 2 s, and no process may outlive the job.
+fn sigkill_mid_allreduce(n: u32, env: &[(&str, &str)]) -> launch::Outcome {
+    let out = launch::hccnrun(n, &faults(), &["kill"], env, Duration::from_secs(120));
+    let victim = n - 1;
+    // hccnrun reports the victim's death by signal and returns 128 + 9.
+    assert_eq!(out.code, Some(137), "{}", out.describe());
+    let killed_at = field(&out.stdout, victim, "KILL_AT").unwrap_or_else(|| panic!("no KILL_AT: {}", out.describe()));
+    for r in 0..victim {
+        let line = out
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("[{r}] ERROR_AT")))
+            .unwrap_or_else(|| panic!("rank {r} saw no error: {}", out.describe()));
+        assert!(line.contains("code=100"), "rank {r}: {line}");
+        assert!(line.contains(&format!("failed=[{victim}]")), "rank {r}: {line}");
+        let at = field(&out.stdout, r, "ERROR_AT").unwrap_or(0);
+        assert!(
+            at >= killed_at && at - killed_at <= 2000,
+            "rank {r} noticed after {} ms: {}",
+            at.saturating_sub(killed_at),
+            out.describe()
+        );
+        assert!(out.stdout.contains(&format!("[{r}] AFTER code=Some(100) async=100")), "{}", out.describe());
+    }
+    for r in 0..n {
+        if let Some(pid) = field(&out.stdout, r, "PID") {
+            assert!(!pid_alive(pid), "rank {r} (pid {pid}) outlived the job");
         }
     }
+    out
 }
 
 #[test]

@@ -11,12 +11,13 @@ use hccn_tests::launch;
 
 const LOG: (&str, &str) = ("HCCN_LOG", "hccn_runtime::transport=info");
 
-/// Asserts that every ordered pair of `n` ranks logged its data link as `transport`.
+/// Asserts that every ordered pair of `n` ranks logged its data link as `transport` (with what
+/// follows it on the line, such as ` cma=true`).
 fn links_are(out: &launch::Outcome, n: u32, transport: &str) {
     let all = format!("{}{}", out.stdout, out.stderr);
     for r in 0..n {
         for p in (0..n).filter(|p| *p != r) {
-            let want = format!("data link rank={r} peer={p} transport=\"{transport}\"");
+            let want = format!("data link rank={r} peer={p} transport={transport}");
             assert!(all.contains(&want), "no {want:?}: {}", out.describe());
         }
     }
@@ -33,7 +34,7 @@ fn the_full_matrix_over_shared_memory_with_2_3_4_ranks() {
             assert!(out.stdout.contains(&format!("[{r}] rank {r} of {n}: ")), "{}", out.describe());
         }
         assert!(!out.stdout.contains("FAIL"), "{}", out.describe());
-        links_are(&out, n, "shm");
+        links_are(&out, n, "\"shm\"");
     }
 }
 
@@ -53,12 +54,38 @@ fn frames_larger_than_a_ring_stream_through_it_in_every_pattern() {
 }
 
 #[test]
+fn single_copy_reads_and_the_rings_give_identical_bits_with_2_3_4_ranks() {
+    let worker = PathBuf::from(env!("CARGO_BIN_EXE_hccn-cma"));
+    // The cost model's chunks, and chunks of exactly the threshold, where a step's full chunks
+    // go by descriptor and its shorter last one through the ring.
+    for (n, chunk) in [(2u32, "524288"), (3, "524288"), (4, "524288"), (2, "65536"), (3, "65536")] {
+        let mut results = Vec::new();
+        for cma in ["off", "auto"] {
+            let env = [("HCCN_CMA", cma), ("HCCN_ALGO", "ring"), ("HCCN_CHUNK_BYTES", chunk), LOG];
+            let what = format!("{n} ranks, HCCN_CMA={cma}, HCCN_CHUNK_BYTES={chunk}");
+            let out = launch::hccnrun(n, &worker, &[], &env, Duration::from_secs(240));
+            assert_eq!(out.code, Some(0), "{what}: {}", out.describe());
+            links_are(&out, n, &format!("\"shm\" cma={}", cma == "auto"));
+            let mut hashes = Vec::new();
+            for r in 0..n {
+                assert!(out.stdout.contains(&format!("[{r}] WRONG 0")), "{what}: {}", out.describe());
+                let prefix = format!("[{r}] HASH ");
+                hashes.extend(out.stdout.lines().filter(|l| l.starts_with(&prefix)).map(str::to_owned));
+            }
+            assert_eq!(hashes.len(), 6 * 4 * n as usize, "{what}: {}", out.describe());
+            results.push(hashes);
+        }
+        assert_eq!(results[0], results[1], "{n} ranks, HCCN_CHUNK_BYTES={chunk}: HCCN_CMA=off and auto differ");
+    }
+}
+
+#[test]
 fn tcp_everywhere_when_asked() {
     let matrix = PathBuf::from(env!("CARGO_BIN_EXE_hccn-matrix"));
     let out = launch::hccnrun(3, &matrix, &["--quick"], &[("HCCN_TRANSPORT", "tcp"), LOG], Duration::from_secs(300));
     assert_eq!(out.code, Some(0), "{}", out.describe());
     assert!(!out.stdout.contains("FAIL"), "{}", out.describe());
-    links_are(&out, 3, "tcp");
+    links_are(&out, 3, "\"tcp\"");
 }
 
 #[test]

@@ -38,6 +38,8 @@ enum Setup {
 /// A communicator's board: whether it may have one, the turn counter, the board once made.
 pub(crate) struct BoardCell {
     usable: bool,
+    /// HCCN_BOARD_BYTES.
+    max_bytes: usize,
     turns: AtomicU64,
     setup: Mutex<Setup>,
     decided: Condvar,
@@ -45,9 +47,11 @@ pub(crate) struct BoardCell {
 
 impl BoardCell {
     /// `shared_host`: every member is on this host (from the layout all members share);
-    /// `shm`: HCCN_TRANSPORT allows shared memory; `auto`: HCCN_ALGO leaves the choice open.
-    pub fn new(n: u32, shared_host: bool, shm: bool, auto: bool) -> BoardCell {
+    /// `shm`: HCCN_TRANSPORT allows shared memory; `auto`: HCCN_ALGO leaves the choice open;
+    /// `max_bytes`: HCCN_BOARD_BYTES. All are the same on every member.
+    pub fn new(n: u32, shared_host: bool, shm: bool, auto: bool, max_bytes: usize) -> BoardCell {
         BoardCell {
+            max_bytes: max_bytes.min(BOARD_BYTES),
             usable: shared_host && shm && auto && (2..=BOARD_RANKS).contains(&n),
             turns: AtomicU64::new(0),
             setup: Mutex::new(Setup::Pending),
@@ -57,7 +61,7 @@ impl BoardCell {
 
     /// Whether an allreduce of `bytes` goes to the board (the same answer on every rank).
     pub fn takes(&self, bytes: usize) -> bool {
-        self.usable && bytes > 0 && bytes <= BOARD_BYTES
+        self.usable && bytes > 0 && bytes <= self.max_bytes
     }
 
     /// The turn of `work` when it goes to the board; call once per operation, in submit order.

@@ -2,13 +2,14 @@
 //! receives to communicator ranks. Every receive is bounded by the communicator's timeout and
 //! ends early when the communicator fails, is aborted or revoked.
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 use crate::comm::CommInner;
 use crate::error::{Error, ErrorKind, Result};
 use crate::reduce;
 use crate::trace;
-use crate::transport::shm::Sink;
+use crate::transport::shm::{Out, Sink};
 use crate::transport::Key;
 use crate::types::{DataType, ReduceOp};
 use crate::wire::{FrameHeader, FrameKind};
@@ -159,6 +160,51 @@ impl<'a> Ctx<'a> {
             .ok_or_else(|| Error::internal(format!("rank {rank} outside a communicator of {}", self.size())))
     }
 
+    /// Starts sending `data` to `to`; the send completes when [`Ctx::wait_sends`] returns. A large
+    /// chunk to a same-host peer is read by the peer straight from `data` (which is why the
+    /// borrow lasts until then); anything else is sent before this returns.
+    pub fn send_start<'d>(&self, sends: &mut Sends<'d>, to: u32, tag: u32, data: Cow<'d, [u8]>) -> Result<()>
+    where
+        'a: 'd,
+    {
+        let t = trace::start();
+        let dst = self.world(to)?;
+        let hdr = self.header(tag, data.len());
+        let index = self.comm.net.send_start(dst, &hdr, &data).map_err(|e| self.comm.translate(e))?;
+        if t.is_on() {
+            trace::transfer(t, self.world_rank(), to, dst, data.len() as u64, true);
+        }
+        if let Some(index) = index {
+            sends.pending.push(Pending { comm: self.comm, dst, index: Some(index), _data: data });
+        }
+        Ok(())
+    }
+
+    /// Waits until every send started in `sends` has completed (its peer has read it).
+    pub fn wait_sends(&self, sends: &mut Sends<'_>) -> Result<()> {
+        for p in sends.pending.iter_mut() {
+            if let Some(index) = p.index {
+                let r = self.comm.net.send_wait(p.dst, index, &|health| self.comm.status(health));
+                // Done, or withdrawn by the wait on its way out: nothing is left to withdraw.
+                p.index = None;
+                r.map_err(|e| self.comm.translate(e))?;
+            }
+        }
+        sends.pending.clear();
+        Ok(())
+    }
+
+    fn header(&self, tag: u32, len: usize) -> FrameHeader {
+        FrameHeader {
+            kind: self.kind,
+            comm_id: self.comm.id,
+            epoch: self.comm.epoch,
+            seq: self.seq,
+            tag,
+            len: len as u64,
+        }
+    }
+
     pub fn send(&self, to: u32, tag: u32, data: &[u8]) -> Result<()> {
         let t = trace::start();
         let r = self.send_untraced(to, tag, data);
@@ -169,14 +215,7 @@ impl<'a> Ctx<'a> {
     }
 
     fn send_untraced(&self, to: u32, tag: u32, data: &[u8]) -> Result<()> {
-        let hdr = FrameHeader {
-            kind: self.kind,
-            comm_id: self.comm.id,
-            epoch: self.comm.epoch,
-            seq: self.seq,
-            tag,
-            len: data.len() as u64,
-        };
+        let hdr = self.header(tag, data.len());
         let dst = self.world(to)?;
         self.comm.net.send(dst, &hdr, data).map_err(|e| self.comm.translate(e))
     }
@@ -192,15 +231,19 @@ impl<'a> Ctx<'a> {
     /// as (offset, bytes) pieces in order; over shared memory the pieces are read in place, and
     /// they never split an element (every offset is a multiple of 16).
     pub fn recv_with(&self, from: u32, tag: u32, len: usize, f: &mut dyn FnMut(usize, &[u8])) -> Result<()> {
+        self.recv_traced(from, tag, len, Out::Pieces(f))
+    }
+
+    fn recv_traced(&self, from: u32, tag: u32, len: usize, out: Out<'_>) -> Result<()> {
         let t = trace::start();
-        let r = self.recv_untraced(from, tag, len, f);
+        let r = self.recv_untraced(from, tag, len, out);
         if t.is_on() && r.is_ok() {
             trace::transfer(t, self.world_rank(), from, self.world(from).unwrap_or(from), len as u64, false);
         }
         r
     }
 
-    fn recv_untraced(&self, from: u32, tag: u32, len: usize, f: &mut dyn FnMut(usize, &[u8])) -> Result<()> {
+    fn recv_untraced(&self, from: u32, tag: u32, len: usize, out: Out<'_>) -> Result<()> {
         let src = self.world(from)?;
         let key = Key { src, kind: self.kind, comm_id: self.comm.id, seq: self.seq };
         let epoch = self.comm.epoch;
@@ -223,7 +266,7 @@ impl<'a> Ctx<'a> {
             }
             Ok(())
         };
-        let mut sink = Sink { check: &mut check, piece: f };
+        let mut sink = Sink { check: &mut check, out };
         self.comm.net.recv(key, self.comm.timeout, &|health| self.comm.status(health), &mut sink).map_err(|e| {
             if matches!(e.kind(), ErrorKind::StaleEpoch | ErrorKind::Transfer) {
                 e
@@ -233,9 +276,10 @@ impl<'a> Ctx<'a> {
         })
     }
 
+    /// Receives the next frame from `from` (tag `tag`, exactly `dst.len()` bytes) into `dst`; a
+    /// single-copy read lands there directly.
     pub fn recv_into(&self, from: u32, tag: u32, dst: &mut [u8]) -> Result<()> {
-        let len = dst.len();
-        self.recv_with(from, tag, len, &mut |off, piece| dst[off..off + piece.len()].copy_from_slice(piece))
+        self.recv_traced(from, tag, dst.len(), Out::Into(dst))
     }
 
     pub fn recv_reduce(&self, from: u32, tag: u32, dst: &mut [u8], dt: DataType, op: ReduceOp) -> Result<()> {
@@ -257,5 +301,30 @@ impl<'a> Ctx<'a> {
 
     pub fn recv_chunked_into(&self, from: u32, tag: u32, dst: &mut [u8]) -> Result<()> {
         self.chunks(dst.len()).try_for_each(|r| self.recv_into(from, tag, &mut dst[r]))
+    }
+}
+
+/// Sends started with [`Ctx::send_start`] whose peers may still be reading their data. Dropped
+/// without [`Ctx::wait_sends`] (an operation that failed), it withdraws what was not read yet,
+/// so that the operation never returns with a peer still reading its buffers.
+#[derive(Default)]
+pub(crate) struct Sends<'d> {
+    pending: Vec<Pending<'d>>,
+}
+
+struct Pending<'d> {
+    comm: &'d CommInner,
+    dst: u32,
+    /// The transport's number for the send, until it completed or was withdrawn.
+    index: Option<u64>,
+    /// What the peer reads (kept alive, and borrowed from the caller, until then).
+    _data: Cow<'d, [u8]>,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if let Some(index) = self.index.take() {
+            self.comm.net.send_withdraw(self.dst, index);
+        }
     }
 }

@@ -7,8 +7,9 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
+use super::ctx::Sends;
 use super::{Algorithm, Ctx, GatherArgs, ReduceArgs, ReduceScatterArgs};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::reduce;
 use crate::types::{DataType, ReduceOp};
 
@@ -19,6 +20,10 @@ pub(crate) struct Ring;
 pub(super) trait Codec {
     /// Element size of the working buffer.
     fn esize(&self) -> usize;
+    /// True when chunks travel as they are (received ones are stored without decoding).
+    fn raw(&self) -> bool {
+        false
+    }
     /// Bytes on the wire for `len` bytes of the working buffer.
     fn wire_len(&self, len: usize) -> usize;
     /// What is sent for `chunk` of the working buffer.
@@ -36,6 +41,9 @@ struct Plain(DataType);
 impl Codec for Plain {
     fn esize(&self) -> usize {
         self.0.size()
+    }
+    fn raw(&self) -> bool {
+        true
     }
     fn wire_len(&self, len: usize) -> usize {
         len
@@ -58,8 +66,30 @@ fn segments(bytes: usize, esize: usize, n: u32) -> Vec<Range<usize>> {
     (0..n).map(|i| (i * count / n) * esize..((i + 1) * count / n) * esize).collect()
 }
 
+/// `buf[out]` to read and `buf[in_]` to write at the same time (the ranges must not overlap).
+fn split(buf: &mut [u8], out: Range<usize>, in_: Range<usize>) -> Result<(&[u8], &mut [u8])> {
+    if out.is_empty() {
+        return Ok((&[], &mut buf[in_]));
+    }
+    if in_.is_empty() {
+        let buf: &[u8] = buf;
+        return Ok((&buf[out], &mut []));
+    }
+    if out.end <= in_.start {
+        let (lo, hi) = buf.split_at_mut(in_.start);
+        return Ok((&lo[out], &mut hi[..in_.len()]));
+    }
+    if in_.end <= out.start {
+        let (lo, hi) = buf.split_at_mut(out.start);
+        return Ok((&hi[..out.len()], &mut lo[in_]));
+    }
+    Err(Error::internal(format!("ring step sends {out:?} while it receives {in_:?}")))
+}
+
 /// One ring step: send `buf[out]` to `next` and receive `in_` from `prev`, chunk by chunk;
-/// received chunks are reduced into `buf` (`op = Some`) or stored.
+/// received chunks are reduced into `buf` (`op = Some`) or stored. Chunks go out as sends that
+/// complete later (the peer may read them straight from `buf`), all finished before the step
+/// returns: `out` does not change during its own step, and no peer reads it after.
 fn step(
     ctx: &Ctx<'_>,
     tag: u32,
@@ -72,14 +102,21 @@ fn step(
     let n = ctx.size();
     let (next, prev) = ((ctx.rank() + 1) % n, (ctx.rank() + n - 1) % n);
     let (k_out, k_in) = (ctx.nchunks(out.len()), ctx.nchunks(in_.len()));
+    let (src, dst_all) = split(buf, out, in_)?;
+    let mut sends = Sends::default();
     for c in 0..k_out.max(k_in) {
         if c < k_out {
-            let r = ctx.chunk_range(out.len(), c);
-            ctx.send(next, tag, &codec.encode(&buf[out.start + r.start..out.start + r.end]))?;
+            let r = ctx.chunk_range(src.len(), c);
+            ctx.send_start(&mut sends, next, tag, codec.encode(&src[r]))?;
         }
         if c < k_in {
-            let r = ctx.chunk_range(in_.len(), c);
-            let dst = &mut buf[in_.start + r.start..in_.start + r.end];
+            let r = ctx.chunk_range(dst_all.len(), c);
+            let dst = &mut dst_all[r];
+            if op.is_none() && codec.raw() {
+                // Stored as it arrives: a single-copy read lands in `dst` itself.
+                ctx.recv_into(prev, tag, dst)?;
+                continue;
+            }
             let wire = codec.wire_len(dst.len());
             // Decode each piece where it lies (in shared memory, for a local peer): a piece
             // at wire offset `o` covers the working bytes from `o * len / wire`.
@@ -93,7 +130,7 @@ fn step(
             })?;
         }
     }
-    Ok(())
+    ctx.wait_sends(&mut sends)
 }
 
 /// Reduce-scatter phase over `buf` split into `segs`: afterwards this rank holds the fully
@@ -170,6 +207,18 @@ impl Algorithm for Ring {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn split_gives_both_ranges_or_refuses_an_overlap() {
+        let mut buf: Vec<u8> = (0..10).collect();
+        for (out, in_) in [(0..3, 5..9), (6..10, 0..6), (0..0, 2..4), (3..7, 0..0), (0..0, 0..0), (2..5, 5..5)] {
+            let (o, i) = split(&mut buf, out.clone(), in_.clone()).unwrap_or_else(|e| panic!("{out:?} {in_:?}: {e}"));
+            assert_eq!(o, &(out.start as u8..out.end as u8).collect::<Vec<u8>>()[..], "{out:?} {in_:?}");
+            assert_eq!(i, &mut (in_.start as u8..in_.end as u8).collect::<Vec<u8>>()[..], "{out:?} {in_:?}");
+        }
+        assert!(split(&mut buf, 0..5, 4..8).is_err());
+        assert!(split(&mut buf, 4..8, 0..5).is_err());
+    }
 
     #[test]
     fn segments_cover_and_align() {

@@ -133,6 +133,7 @@ impl CommInner {
             shared_host,
             net.transport != crate::config::Transport::Tcp,
             net.algo == crate::collectives::select::AlgoChoice::Auto,
+            net.board_bytes,
         );
         CommInner {
             net,

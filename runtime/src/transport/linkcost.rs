@@ -12,7 +12,7 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
-use super::shm::Sink;
+use super::shm::{Out, Sink};
 use super::{Health, Key, Net};
 use crate::collectives::select::{LinkCost, LinkCosts, TransportKind};
 use crate::config::{Config, LinkCostSource, LINK_ALPHA_US, LINK_GBPS};
@@ -178,7 +178,7 @@ impl Probe<'_> {
         let status = |h: &Health<'_>| {
             h.failed.get(&from).map(|why| Error::rank_failed(vec![from], format!("world rank {from} failed: {why}")))
         };
-        self.net.recv(key, self.cfg.timeout, &status, &mut Sink { check: &mut check, piece })?;
+        self.net.recv(key, self.cfg.timeout, &status, &mut Sink { check: &mut check, out: Out::Pieces(piece) })?;
         Ok(got)
     }
 }

@@ -353,6 +353,8 @@ pub(crate) struct Net {
     watchdog: Option<heartbeat::Watchdog>,
     /// `HCCN_ALGO` of the process, for every communicator over these links.
     pub algo: crate::collectives::select::AlgoChoice,
+    /// HCCN_BOARD_BYTES.
+    pub board_bytes: usize,
     /// `HCCN_TRANSPORT` of the process (the cost model's view of same-host links).
     pub transport: crate::config::Transport,
     /// The cost model's link figures, identical on every rank of the world (`linkcost::agree`
@@ -379,6 +381,7 @@ impl Net {
             graceful: std::sync::atomic::AtomicBool::new(true),
             watchdog,
             algo: cfg.algo,
+            board_bytes: cfg.board_bytes,
             transport: cfg.transport,
             costs: crate::collectives::select::LinkCosts::builtin(),
         }
@@ -393,7 +396,7 @@ impl Net {
         }
     }
 
-    /// Receives the frame `key`: `sink.check` sees its header, then `sink.piece` its payload
+    /// Receives the frame `key`: `sink.check` sees its header, then `sink.out` its payload
     /// (in order, in pieces that never split an element). Bounded by `timeout`; ends early with
     /// the error `status` gives (the communicator failed, was aborted or revoked).
     pub fn recv(
@@ -401,7 +404,7 @@ impl Net {
         key: Key,
         timeout: Duration,
         status: &dyn Fn(&Health<'_>) -> Option<Error>,
-        sink: &mut shm::Sink<'_>,
+        sink: &mut shm::Sink<'_, '_>,
     ) -> Result<()> {
         if self.shm.has(key.src) {
             return self.shm.recv(key, &self.inbox, timeout, status, sink);
@@ -429,7 +432,7 @@ impl Net {
             }
         };
         (sink.check)(&frame.hdr)?;
-        (sink.piece)(0, &frame.payload);
+        sink.piece(0, &frame.payload);
         pool::give(frame.payload);
         Ok(())
     }
@@ -478,6 +481,38 @@ impl Net {
             self.inbox.mark_failed(dst, format!("send failed: {e}"));
             Error::rank_failed(vec![dst], format!("world rank {dst} is unreachable: {e}"))
         })
+    }
+
+    /// Starts sending one frame to world rank `dst`. A large data frame to a same-host peer that
+    /// permits it goes by descriptor: the peer reads `payload` from this process's memory, and
+    /// the returned number must be passed to [`Net::send_wait`] (or [`Net::send_withdraw`])
+    /// before `payload` changes or is freed. Any other frame is sent at once (`None`).
+    pub fn send_start(&self, dst: u32, hdr: &FrameHeader, payload: &[u8]) -> Result<Option<u64>> {
+        let single_copy = payload.len() >= shm::CMA_MIN
+            && dst != self.rank
+            && matches!(hdr.kind, FrameKind::Collective | FrameKind::P2p)
+            && self.shm.cma(dst);
+        if !single_copy {
+            return self.send(dst, hdr, payload).map(|_| None);
+        }
+        if self.inbox.troubles() != 0 {
+            if let Some(reason) = self.inbox.failed_reason(dst) {
+                return Err(Error::rank_failed(vec![dst], format!("world rank {dst} failed earlier: {reason}")));
+            }
+        }
+        self.shm.send_desc(dst, hdr, payload, &self.inbox, self.timeout)
+    }
+
+    /// Waits until world rank `dst` has read the frame [`Net::send_start`] numbered `index` and
+    /// every earlier one; on an error, what it has not read is withdrawn.
+    pub fn send_wait(&self, dst: u32, index: u64, status: &dyn Fn(&Health<'_>) -> Option<Error>) -> Result<()> {
+        self.shm.wait_sent(dst, index, &self.inbox, self.timeout, status)
+    }
+
+    /// Withdraws the frame numbered `index` unless world rank `dst` has begun to read it, and
+    /// then waits for the read to end: its buffer is this process's again.
+    pub fn send_withdraw(&self, dst: u32, index: u64) {
+        self.shm.withdraw(dst, index, &self.inbox, self.timeout)
     }
 
     /// Closes the connection to world rank `peer` after it sent something this rank refuses.

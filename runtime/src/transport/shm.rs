@@ -10,6 +10,16 @@
 //! the ring of the peer it waits for; a frame at the head of that ring that belongs to another
 //! wait (another communicator, stream or sequence number) is moved to the inbox for it.
 //!
+//! Large frames can skip the ring's copy (CMA): when a probe at the handshake shows that both
+//! processes may read each other's memory with `process_vm_readv` (pid namespaces, ptrace policy
+//! or seccomp may forbid it; `HCCN_CMA=off` does), a sender that can wait for completion
+//! ([`Shm::send_desc`], used by the pipelined ring) writes a one-slot descriptor of its buffer
+//! instead of the payload. The receiver reads the payload from the sender's memory in pieces into
+//! a scratch buffer and hands them to its sink, then acknowledges it in the control block; the
+//! sender leaves its buffer alone until then ([`Shm::wait_sent`]), or withdraws what was not read
+//! yet when its operation fails ([`Shm::withdraw`]). Plain sends always use the ring: a sender
+//! blocked until its receiver reads could wait in a cycle of ranks that all send first.
+//!
 //! Waits spin briefly (not at all when the host's ranks outnumber its cores), then yield, then
 //! sleep on a futex in the shared page (woken by the other side, or after 1 ms to look at the
 //! peer's health). A waiting sender or receiver also drains the other rings into the inbox, so
@@ -36,8 +46,20 @@ const SLOT_DATA: usize = 64 << 10;
 const SLOT_HEAD: usize = 64;
 const SLOT_BYTES: usize = SLOT_HEAD + SLOT_DATA;
 const SLOTS: u64 = 16;
-/// Ring control block: head, tail, data futex, space futex, each on its own cache line.
-const CTRL: usize = 256;
+/// Ring control block: head, tail, data futex, space futex, CMA acknowledgements, each on its
+/// own cache line, then the states of the descriptors in flight.
+const CTRL: usize = CMA_STATES_AT + CMA_STATES as usize * 8;
+const CMA_STATES_AT: usize = 320;
+/// Descriptors in flight whose state the control block can hold: more than a ring's slots plus
+/// the one being read, the most that can be unacknowledged (a descriptor's slot is released just
+/// before it is read).
+const CMA_STATES: u64 = 32;
+const _: () = assert!(CMA_STATES > SLOTS + 1);
+/// A descriptor's state (with its number in the bits above): the sender posted it, the receiver
+/// is reading it, or the sender withdrew it before the receiver began.
+const POSTED: u64 = 1;
+const READING: u64 = 2;
+const WITHDRAWN: u64 = 3;
 const RING_BYTES: usize = CTRL + SLOTS as usize * SLOT_BYTES;
 const SEG_BYTES: usize = 2 * RING_BYTES;
 /// A slot header (one cache line): the frame header without magic, version and reserved word
@@ -48,6 +70,17 @@ const INLINE: usize = 8;
 const SEQ_AT: usize = 56;
 /// First piece of a frame (its slot header carries the frame header).
 const FIRST: u8 = 1;
+/// The slot holds a descriptor ([`Desc`]): the payload stays in the sender's memory and the
+/// receiver reads it with process_vm_readv.
+const CMA: u8 = 2;
+/// Bytes of an encoded [`Desc`].
+const DESC_LEN: usize = 24;
+/// Largest piece the receiver reads with one process_vm_readv into its scratch buffer: small
+/// enough to stay in cache while the sink reduces it; a multiple of 16.
+const CMA_PIECE: usize = 256 << 10;
+/// Smallest payload sent by descriptor: below it, the setup of a cross-process read (pinning the
+/// sender's pages) costs more than the copy through the ring saves.
+pub(crate) const CMA_MIN: usize = 64 << 10;
 /// How long a futex sleep lasts before the sleeper looks at health and the inbox again.
 pub(super) const NAP: Duration = Duration::from_millis(1);
 /// How long a waiter spins before it yields, when every local rank has a core.
@@ -124,8 +157,8 @@ struct Ring {
 
 impl Ring {
     fn word64(&self, off: usize) -> &AtomicU64 {
-        // SAFETY: `off` is a cache-line offset inside the control block of a live mapping,
-        // 8-byte aligned (the mapping is page aligned); shared memory is only accessed atomically.
+        // SAFETY: `off` is an 8-byte aligned offset inside the control block of a live mapping
+        // (the mapping is page aligned); shared memory is only accessed atomically.
         unsafe { AtomicU64::from_ptr(self.base.add(off).cast()) }
     }
     fn word32(&self, off: usize) -> &AtomicU32 {
@@ -154,6 +187,32 @@ impl Ring {
     fn space_sleepers(&self) -> &AtomicU32 {
         self.word32(196)
     }
+    /// Descriptors the consumer has finished with (read, or found withdrawn): the producer's
+    /// buffers up to there are free again.
+    fn cma_done(&self) -> &AtomicU64 {
+        self.word64(256)
+    }
+    /// Bumped when a descriptor is finished and the producer sleeps; the producer's futex.
+    fn ack_word(&self) -> &AtomicU32 {
+        self.word32(272)
+    }
+    fn ack_sleepers(&self) -> &AtomicU32 {
+        self.word32(276)
+    }
+    /// Descriptor `n`'s state: `n << 2 | POSTED`, `READING` or `WITHDRAWN`. Both sides change
+    /// it with compare-and-swap, so exactly one wins: the reader, which then reads, or the sender
+    /// withdrawing it, after which the reader skips it.
+    fn cma_state(&self, n: u64) -> &AtomicU64 {
+        self.word64(CMA_STATES_AT + (n % CMA_STATES) as usize * 8)
+    }
+    /// Records descriptor `n` as finished and wakes a producer waiting for it.
+    fn acknowledge(&self, n: u64) {
+        self.cma_done().store(n + 1, Ordering::SeqCst);
+        if self.ack_sleepers().load(Ordering::SeqCst) > 0 {
+            self.ack_word().fetch_add(1, Ordering::SeqCst);
+            futex_wake(self.ack_word());
+        }
+    }
     fn slot(&self, n: u64) -> *mut u8 {
         // SAFETY: the index is reduced modulo SLOTS, so the slot lies inside this ring.
         unsafe { self.base.add(CTRL + (n % SLOTS) as usize * SLOT_BYTES) }
@@ -176,8 +235,9 @@ impl Ring {
             futex_wake(self.space_word());
         }
     }
-    /// Reads slot `n`'s header: the frame header if it is a first piece, the piece length.
-    fn piece(&self, n: u64) -> (Option<[u8; HEADER_LEN]>, usize) {
+    /// Reads slot `n`'s header: the frame header if it is a first piece, the piece length, and
+    /// whether the piece is a descriptor.
+    fn piece(&self, n: u64) -> (Option<[u8; HEADER_LEN]>, usize, bool) {
         let p = self.slot(n);
         let mut head = [0u8; INLINE_AT];
         // SAFETY: the slot was published to us (Acquire on its sequence word or on head); we own
@@ -191,7 +251,7 @@ impl Ring {
         h[4..6].copy_from_slice(&wire::VERSION.to_le_bytes());
         h[6..36].copy_from_slice(&head[0..30]);
         h[40..48].copy_from_slice(&head[30..38]);
-        (first.then_some(h), len.min(SLOT_DATA))
+        (first.then_some(h), len.min(SLOT_DATA), head[38] & CMA != 0)
     }
     /// Slot `n`'s payload: in the header's cache line when it is small enough.
     fn data(&self, n: u64, len: usize) -> &[u8] {
@@ -200,13 +260,13 @@ impl Ring {
         // at INLINE_AT, inside the slot header.
         unsafe { std::slice::from_raw_parts(self.slot(n).add(at), len) }
     }
-    fn write(&self, n: u64, head: Option<&[u8; HEADER_LEN]>, data: &[u8]) {
+    fn write(&self, n: u64, head: Option<&[u8; HEADER_LEN]>, flags: u8, data: &[u8]) {
         let p = self.slot(n);
         let mut sh = [0u8; SEQ_AT];
         if let Some(h) = head {
             sh[0..30].copy_from_slice(&h[6..36]);
             sh[30..38].copy_from_slice(&h[40..48]);
-            sh[38] = FIRST;
+            sh[38] = FIRST | flags;
         }
         sh[40..44].copy_from_slice(&(data.len() as u32).to_le_bytes());
         if data.len() <= INLINE {
@@ -297,6 +357,90 @@ pub(super) struct Wait {
     yields: u32,
 }
 
+/// What a descriptor slot carries: where the payload lies in the sender's memory, and the
+/// descriptor's number in its direction (both sides count them, so a lost or repeated one shows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Desc {
+    addr: u64,
+    len: u64,
+    index: u64,
+}
+
+impl Desc {
+    fn encode(&self) -> [u8; DESC_LEN] {
+        let mut b = [0u8; DESC_LEN];
+        b[0..8].copy_from_slice(&self.addr.to_le_bytes());
+        b[8..16].copy_from_slice(&self.len.to_le_bytes());
+        b[16..24].copy_from_slice(&self.index.to_le_bytes());
+        b
+    }
+    fn decode(b: &[u8]) -> Option<Desc> {
+        let b: &[u8; DESC_LEN] = b.try_into().ok()?;
+        let word =
+            |i: usize| u64::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3], b[i + 4], b[i + 5], b[i + 6], b[i + 7]]);
+        Some(Desc { addr: word(0), len: word(8), index: word(16) })
+    }
+}
+
+/// A value at a fixed address of this process that a peer reads at the handshake to learn
+/// whether the kernel lets it read this process's memory (random per process, so that a reader
+/// in another pid namespace cannot mistake a same-numbered process running the same binary).
+static CMA_MAGIC: AtomicU64 = AtomicU64::new(0);
+
+fn cma_magic() -> &'static AtomicU64 {
+    if CMA_MAGIC.load(Ordering::Relaxed) == 0 {
+        let mut v = [0u8; 8];
+        let _ = getrandom::getrandom(&mut v);
+        let v = u64::from_le_bytes(v) | 1;
+        let _ = CMA_MAGIC.compare_exchange(0, v, Ordering::SeqCst, Ordering::SeqCst);
+    }
+    &CMA_MAGIC
+}
+
+/// Reads `dst.len()` bytes at `addr` in process `pid`; anything short of all of them is an error.
+fn cma_read(pid: i32, addr: u64, dst: &mut [u8]) -> std::io::Result<()> {
+    if dst.is_empty() {
+        return Ok(());
+    }
+    let local = libc::iovec { iov_base: dst.as_mut_ptr().cast(), iov_len: dst.len() };
+    let remote = libc::iovec { iov_base: addr as usize as *mut libc::c_void, iov_len: dst.len() };
+    // SAFETY: `local` covers exactly the writable `dst`; the kernel checks the remote range
+    // against the other process's mappings (EFAULT), it never touches ours beyond `dst`.
+    let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+    match n {
+        n if n < 0 => Err(std::io::Error::last_os_error()),
+        n if n as usize == dst.len() => Ok(()),
+        n => Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, format!("read {n} of {} bytes", dst.len()))),
+    }
+}
+
+/// True when this process may read `pid`'s memory and finds `expect` at `addr`.
+fn cma_probe(pid: i32, addr: u64, expect: u64) -> bool {
+    let mut v = [0u8; 8];
+    match cma_read(pid, addr, &mut v) {
+        Ok(()) => u64::from_le_bytes(v) == expect,
+        Err(e) => {
+            tracing::debug!(pid, "process_vm_readv not permitted ({e}); shared-memory rings only");
+            false
+        }
+    }
+}
+
+/// The error for a failed read of `src`'s memory: its death (the process is gone) or a transfer
+/// error (a bad address or a short read: the pair is out of step).
+fn cma_error(src: u32, e: &std::io::Error, inbox: &Inbox) -> Error {
+    if e.raw_os_error() == Some(libc::ESRCH) {
+        let reason = "its process ended while this rank read its data".to_owned();
+        inbox.mark_failed(src, reason.clone());
+        return Error::rank_failed(vec![src], format!("world rank {src} failed: {reason}"));
+    }
+    Error::io(ErrorKind::Transfer, format!("reading the data of world rank {src} (process_vm_readv)"), e)
+}
+
+fn out_of_step() -> Error {
+    Error::new(ErrorKind::Transfer, "shared memory ring out of step")
+}
+
 /// A frame being moved into the inbox piece by piece.
 struct Partial {
     hdr: FrameHeader,
@@ -306,6 +450,20 @@ struct Partial {
 #[derive(Default)]
 struct RxState {
     partial: Option<Partial>,
+    /// Number of the next descriptor expected from the peer.
+    cma_next: u64,
+    /// Where descriptor payloads are read to, piece by piece (allocated at the first one).
+    scratch: Vec<u8>,
+}
+
+/// The producer's side of a ring, held while writing a frame.
+#[derive(Default)]
+struct TxState {
+    /// The last tail seen, so that a producer reads the consumer's cache line only when the ring
+    /// looks full.
+    tail: u64,
+    /// Descriptors written so far.
+    posted: u64,
 }
 
 /// The shared-memory link to one peer.
@@ -313,10 +471,10 @@ pub(crate) struct ShmPeer {
     _seg: Segment,
     tx: Ring,
     rx: Ring,
-    /// Held while writing a frame; holds the last tail seen, so that a producer reads the
-    /// consumer's cache line only when the ring looks full.
-    tx_lock: Mutex<u64>,
+    tx_lock: Mutex<TxState>,
     rx_state: Mutex<RxState>,
+    /// The peer's process id when both sides may read each other's memory (CMA).
+    cma_pid: Option<i32>,
 }
 
 // SAFETY: the raw ring pointers point into `_seg`, which lives as long as the peer and is
@@ -330,14 +488,51 @@ impl ShmPeer {
         // SAFETY: both rings lie inside the segment (SEG_BYTES = 2 * RING_BYTES).
         let (a, b) = (Ring { base: seg.ptr }, Ring { base: unsafe { seg.ptr.add(RING_BYTES) } });
         let (tx, rx) = if creator { (a, b) } else { (b, a) };
-        ShmPeer { _seg: seg, tx, rx, tx_lock: Mutex::new(0), rx_state: Mutex::new(RxState::default()) }
+        ShmPeer {
+            _seg: seg,
+            tx,
+            rx,
+            tx_lock: Mutex::new(TxState::default()),
+            rx_state: Mutex::new(RxState::default()),
+            cma_pid: None,
+        }
     }
 }
 
-/// What a receive hands its caller: the checked header first, then the payload in pieces.
-pub(crate) struct Sink<'a> {
+impl ShmPeer {
+    /// True when large frames to this peer go by descriptor.
+    pub fn cma(&self) -> bool {
+        self.cma_pid.is_some()
+    }
+}
+
+/// What a receive hands its caller: the checked header first, then the payload.
+pub(crate) struct Sink<'a, 'b> {
     pub check: &'a mut dyn FnMut(&FrameHeader) -> Result<()>,
-    pub piece: &'a mut dyn FnMut(usize, &[u8]),
+    pub out: Out<'b>,
+}
+
+/// Where a received payload goes.
+pub(crate) enum Out<'a> {
+    /// To a function, in (offset, bytes) pieces in order.
+    Pieces(&'a mut dyn FnMut(usize, &[u8])),
+    /// Into a buffer of the frame's length (checked by `check`), where a single-copy read lands
+    /// directly.
+    Into(&'a mut [u8]),
+}
+
+impl Sink<'_, '_> {
+    /// Hands over the payload bytes at `off`.
+    pub fn piece(&mut self, off: usize, bytes: &[u8]) {
+        match &mut self.out {
+            Out::Pieces(f) => f(off, bytes),
+            Out::Into(buf) => {
+                if let Some(dst) = buf.get_mut(off..off + bytes.len()) {
+                    dst.copy_from_slice(bytes);
+                }
+            }
+        }
+    }
 }
 
 /// The shared-memory links of one world, by world rank.
@@ -391,11 +586,57 @@ impl Shm {
         self.peers.get(rank as usize).and_then(|p| p.as_ref())
     }
 
+    /// True when frames to `rank` may go by descriptor (both sides agreed at the handshake).
+    pub fn cma(&self, rank: u32) -> bool {
+        self.peer(rank).is_some_and(|p| p.cma_pid.is_some())
+    }
+
     /// Writes one frame to `dst`'s ring, waiting for room as long as `dst` is healthy.
     pub fn send(&self, dst: u32, hdr: &FrameHeader, payload: &[u8], inbox: &Inbox, timeout: Duration) -> Result<()> {
+        self.put(dst, hdr, payload, false, inbox, timeout).map(|_| ())
+    }
+
+    /// Writes a descriptor of `payload` to `dst`'s ring (see [`Shm::cma`]): `dst` reads the
+    /// payload from this process's memory, which must stay unchanged until [`Shm::wait_sent`]
+    /// returns or [`Shm::withdraw`] has withdrawn it. Returns the descriptor's number, or `None`
+    /// when `dst` has left and will read nothing.
+    pub fn send_desc(
+        &self,
+        dst: u32,
+        hdr: &FrameHeader,
+        payload: &[u8],
+        inbox: &Inbox,
+        timeout: Duration,
+    ) -> Result<Option<u64>> {
+        if !self.cma(dst) {
+            return Err(Error::internal(format!("no single-copy path to {dst}")));
+        }
+        self.put(dst, hdr, payload, true, inbox, timeout)
+    }
+
+    /// Writes `payload` (or, with `desc`, a descriptor of it) to `dst`'s ring; returns the
+    /// descriptor's number when one was written.
+    fn put(
+        &self,
+        dst: u32,
+        hdr: &FrameHeader,
+        payload: &[u8],
+        desc: bool,
+        inbox: &Inbox,
+        timeout: Duration,
+    ) -> Result<Option<u64>> {
         let Some(p) = self.peer(dst) else { return Err(Error::internal(format!("no shared memory to {dst}"))) };
         let head = hdr.encode();
-        let mut tail = p.tx_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut tx = p.tx_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let tx = &mut *tx;
+        let d = Desc { addr: payload.as_ptr() as u64, len: payload.len() as u64, index: tx.posted };
+        if desc {
+            // Visible to the reader with the slot (published with Release). The state of
+            // descriptor `index - CMA_STATES` is free: that one was acknowledged (see CMA_STATES).
+            p.tx.cma_state(d.index).store(d.index << 2 | POSTED, Ordering::Relaxed);
+        }
+        let encoded = d.encode();
+        let (payload, flags) = if desc { (&encoded[..], CMA) } else { (payload, 0) };
         let ring = &p.tx;
         let mut n = ring.head().load(Ordering::Relaxed);
         let mut off = 0usize;
@@ -403,10 +644,10 @@ impl Shm {
         let mut backoff = Backoff::new(self.wait);
         let mut gen = inbox.generation();
         loop {
-            if n - *tail >= SLOTS {
-                *tail = ring.tail().load(Ordering::Acquire);
+            if n - tx.tail >= SLOTS {
+                tx.tail = ring.tail().load(Ordering::Acquire);
             }
-            if n - *tail >= SLOTS {
+            if n - tx.tail >= SLOTS {
                 // Full: wait for the consumer, and meanwhile keep our own rings moving.
                 if backoff.snooze() {
                     self.drain(None, inbox);
@@ -426,7 +667,7 @@ impl Shm {
                     if inbox.has_departed(dst) {
                         // As over TCP, where the bytes would sit in a socket buffer: the peer
                         // left on purpose and will read nothing; the rest of the frame is void.
-                        return Ok(());
+                        return Ok(None);
                     }
                 }
                 let d = *deadline.get_or_insert_with(|| Instant::now() + timeout);
@@ -439,12 +680,104 @@ impl Shm {
             }
             backoff.reset();
             let piece = &payload[off..(off + SLOT_DATA).min(payload.len())];
-            ring.write(n, (off == 0).then_some(&head), piece);
+            ring.write(n, (off == 0).then_some(&head), flags, piece);
             ring.publish(n);
             n += 1;
             off += piece.len();
             if off >= payload.len() {
+                if !desc {
+                    return Ok(None);
+                }
+                tx.posted += 1;
+                return Ok(Some(d.index));
+            }
+        }
+    }
+
+    /// Waits until `dst` has read every descriptor up to number `index` (its acknowledgement),
+    /// keeping the other rings moving meanwhile. Ends early, withdrawing descriptor `index` if
+    /// `dst` has not begun to read it, when `dst` fails or leaves, `status` gives the
+    /// communicator's error, or the deadline passes.
+    pub fn wait_sent(
+        &self,
+        dst: u32,
+        index: u64,
+        inbox: &Inbox,
+        timeout: Duration,
+        status: &dyn Fn(&Health<'_>) -> Option<Error>,
+    ) -> Result<()> {
+        let Some(p) = self.peer(dst) else { return Err(Error::internal(format!("no shared memory to {dst}"))) };
+        let ring = &p.tx;
+        let deadline = Instant::now() + timeout;
+        let mut backoff = Backoff::new(self.wait);
+        let mut gen = u64::MAX;
+        loop {
+            if ring.cma_done().load(Ordering::Acquire) > index {
                 return Ok(());
+            }
+            let g = inbox.generation();
+            if g != gen {
+                gen = g;
+                if inbox.troubles() != 0 {
+                    if let Some(reason) = inbox.failed_reason(dst) {
+                        // Declared failed may still mean frozen: it must not read on if it wakes.
+                        self.withdraw(dst, index, inbox, timeout);
+                        return Err(Error::rank_failed(vec![dst], format!("world rank {dst} failed: {reason}")));
+                    }
+                    let ended = inbox.health(|h| status(h));
+                    if ended.is_some() || inbox.has_departed(dst) {
+                        self.withdraw(dst, index, inbox, timeout);
+                        return ended.map_or(Ok(()), Err);
+                    }
+                }
+            }
+            if backoff.snooze() {
+                if Instant::now() >= deadline {
+                    self.withdraw(dst, index, inbox, timeout);
+                    return Err(Error::timeout(format!(
+                        "world rank {dst} did not read this rank's data within {} ms (HCCN_TIMEOUT_MS)",
+                        timeout.as_millis()
+                    )));
+                }
+                // The receiver may itself wait for a ring of ours to move before it reads.
+                self.drain(None, inbox);
+                let seen = ring.ack_word().load(Ordering::SeqCst);
+                ring.ack_sleepers().fetch_add(1, Ordering::SeqCst);
+                if ring.cma_done().load(Ordering::SeqCst) <= index && inbox.generation() == gen {
+                    futex_wait(ring.ack_word(), seen, NAP);
+                }
+                ring.ack_sleepers().fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Withdraws descriptor `index` to `dst` unless it has begun to read it, and then waits for
+    /// the read to end: afterwards `dst` no longer touches its buffer.
+    pub fn withdraw(&self, dst: u32, index: u64, inbox: &Inbox, timeout: Duration) {
+        let Some(p) = self.peer(dst) else { return };
+        let ring = &p.tx;
+        let state = ring.cma_state(index);
+        let posted = index << 2 | POSTED;
+        if state.compare_exchange(posted, index << 2 | WITHDRAWN, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+            return;
+        }
+        // Being read, or finished (its state may already belong to a later descriptor).
+        let mut backoff = Backoff::new(self.wait);
+        let deadline = Instant::now() + timeout;
+        loop {
+            if ring.cma_done().load(Ordering::SeqCst) > index {
+                return;
+            }
+            // A reader that died or froze mid-read never ends it: its failure ends the wait.
+            if backoff.snooze() {
+                if inbox.peer_gone(dst).is_some() {
+                    return;
+                }
+                if Instant::now() >= deadline {
+                    tracing::warn!(dst, "world rank {dst} is still reading withdrawn data");
+                    return;
+                }
+                std::thread::sleep(Duration::from_micros(100));
             }
         }
     }
@@ -457,7 +790,7 @@ impl Shm {
         inbox: &Inbox,
         timeout: Duration,
         status: &dyn Fn(&Health<'_>) -> Option<Error>,
-        sink: &mut Sink<'_>,
+        sink: &mut Sink<'_, '_>,
     ) -> Result<()> {
         let Some(p) = self.peer(key.src) else { return Err(Error::internal("no shared memory to that rank")) };
         let deadline = Instant::now() + timeout;
@@ -471,7 +804,7 @@ impl Shm {
                 if inbox.queued() > 0 {
                     if let Some(f) = inbox.try_take(key) {
                         (sink.check)(&f.hdr)?;
-                        (sink.piece)(0, &f.payload);
+                        sink.piece(0, &f.payload);
                         return Ok(());
                     }
                 }
@@ -522,12 +855,12 @@ impl Shm {
         key: Key,
         inbox: &Inbox,
         deadline: Instant,
-        sink: &mut Sink<'_>,
+        sink: &mut Sink<'_, '_>,
     ) -> Result<Polled> {
         let ring = &p.rx;
         if st.partial.is_some() {
             // Another frame is half moved; finish it first (the sender is streaming it).
-            return match fill(ring, st, key.src, inbox)? {
+            return match fill(p, st, key.src, inbox)? {
                 true => Ok(Polled::Progress),
                 false => Ok(Polled::Nothing),
             };
@@ -536,18 +869,31 @@ impl Shm {
         if !ring.ready(t, Ordering::Acquire) {
             return Ok(Polled::Nothing);
         }
-        let (raw, len) = ring.piece(t);
-        let raw = raw.ok_or_else(|| Error::new(ErrorKind::Transfer, "shared memory ring out of step"))?;
+        let (raw, len, desc) = ring.piece(t);
+        let raw = raw.ok_or_else(out_of_step)?;
         let hdr = header(&raw, key.src)?;
         let this = Key { src: key.src, kind: hdr.kind, comm_id: hdr.comm_id, seq: hdr.seq };
         if this != key {
             // Another wait's frame: into the inbox with it (what has arrived of it, for now).
-            fill(ring, st, key.src, inbox)?;
+            fill(p, st, key.src, inbox)?;
             return Ok(Polled::Progress);
+        }
+        if desc {
+            let d = descriptor(p, st, t, len, &hdr)?;
+            (sink.check)(&hdr)?;
+            ring.release(t);
+            st.cma_next += 1;
+            return match cma_take(p, st, key.src, d, inbox, &mut sink.out)? {
+                true => Ok(Polled::Done),
+                false => Err(Error::new(
+                    ErrorKind::Remote,
+                    format!("world rank {} gave up its operation before this rank read its data", key.src),
+                )),
+            };
         }
         (sink.check)(&hdr)?;
         let total = hdr.len as usize;
-        (sink.piece)(0, ring.data(t, len));
+        sink.piece(0, ring.data(t, len));
         let mut off = len;
         ring.release(t);
         t += 1;
@@ -575,11 +921,11 @@ impl Shm {
                 continue;
             }
             backoff.reset();
-            let (first, len) = ring.piece(t);
-            if first.is_some() || off + len > total {
-                return Err(Error::new(ErrorKind::Transfer, "shared memory ring out of step"));
+            let (first, len, desc) = ring.piece(t);
+            if first.is_some() || desc || off + len > total {
+                return Err(out_of_step());
             }
-            (sink.piece)(off, ring.data(t, len));
+            sink.piece(off, ring.data(t, len));
             off += len;
             ring.release(t);
             t += 1;
@@ -598,7 +944,7 @@ impl Shm {
             }
             let Ok(mut st) = p.rx_state.try_lock() else { continue };
             loop {
-                match fill(&p.rx, &mut st, src as u32, inbox) {
+                match fill(p, &mut st, src as u32, inbox) {
                     Ok(true) => {}
                     Ok(false) => break,
                     Err(e) => {
@@ -611,28 +957,47 @@ impl Shm {
     }
 }
 
-/// Moves available slots of `ring` into the partial frame (starting one if none), pushing it to
-/// the inbox when complete. True when anything moved.
-fn fill(ring: &Ring, st: &mut RxState, src: u32, inbox: &Inbox) -> Result<bool> {
+/// Moves available slots of `p`'s ring into the partial frame (starting one if none), pushing it
+/// to the inbox when complete; a descriptor's payload is read whole into its frame. True when
+/// anything moved.
+fn fill(p: &ShmPeer, st: &mut RxState, src: u32, inbox: &Inbox) -> Result<bool> {
+    let ring = &p.rx;
     let mut t = ring.tail().load(Ordering::Relaxed);
     let mut moved = false;
     while ring.head().load(Ordering::Acquire) != t {
-        let (first, len) = ring.piece(t);
+        let (first, len, desc) = ring.piece(t);
         match (&mut st.partial, first) {
+            (None, Some(raw)) if desc => {
+                let hdr = header(&raw, src)?;
+                let d = descriptor(p, st, t, len, &hdr)?;
+                ring.release(t);
+                t += 1;
+                moved = true;
+                st.cma_next += 1;
+                let mut buf = vec![0u8; d.len as usize];
+                // A withdrawn descriptor's frame is dropped: its sender's operation failed, and
+                // so does the wait for it, through the communicator's state.
+                if cma_take(p, st, src, d, inbox, &mut Out::Into(&mut buf))? {
+                    st.partial = Some(Partial { hdr, buf });
+                }
+            }
             (None, Some(raw)) => {
                 let hdr = header(&raw, src)?;
                 let mut buf = Vec::with_capacity(hdr.len as usize);
                 buf.extend_from_slice(ring.data(t, len));
                 st.partial = Some(Partial { hdr, buf });
+                ring.release(t);
+                t += 1;
+                moved = true;
             }
-            (Some(part), None) if part.buf.len() + len <= part.hdr.len as usize => {
+            (Some(part), None) if !desc && part.buf.len() + len <= part.hdr.len as usize => {
                 part.buf.extend_from_slice(ring.data(t, len));
+                ring.release(t);
+                t += 1;
+                moved = true;
             }
-            _ => return Err(Error::new(ErrorKind::Transfer, "shared memory ring out of step")),
+            _ => return Err(out_of_step()),
         }
-        ring.release(t);
-        t += 1;
-        moved = true;
         if let Some(part) = st.partial.take_if(|p| p.buf.len() >= p.hdr.len as usize) {
             inbox.push(src, Frame { hdr: part.hdr, payload: part.buf });
             // A thread of ours may sleep on this ring waiting for exactly that frame.
@@ -643,6 +1008,60 @@ fn fill(ring: &Ring, st: &mut RxState, src: u32, inbox: &Inbox) -> Result<bool> 
         }
     }
     Ok(moved)
+}
+
+/// The descriptor in slot `t` (the only slot of its frame), checked against the frame's header,
+/// the count of descriptors so far, and the pair's agreement to use them.
+fn descriptor(p: &ShmPeer, st: &RxState, t: u64, len: usize, hdr: &FrameHeader) -> Result<Desc> {
+    if p.cma_pid.is_none() {
+        return Err(Error::new(ErrorKind::Transfer, "a single-copy descriptor in shared memory where none was agreed"));
+    }
+    match Desc::decode(p.rx.data(t, len)) {
+        Some(d) if d.len == hdr.len && d.index == st.cma_next => Ok(d),
+        _ => Err(out_of_step()),
+    }
+}
+
+/// Reads descriptor `d`'s payload from `src`'s memory straight into `out`'s buffer, or in pieces
+/// through the scratch buffer to `out`'s function, then acknowledges it, whatever the outcome.
+/// False when the sender had withdrawn it (nothing was read).
+fn cma_take(p: &ShmPeer, st: &mut RxState, src: u32, d: Desc, inbox: &Inbox, out: &mut Out<'_>) -> Result<bool> {
+    let Some(pid) = p.cma_pid else { return Err(Error::internal("no single-copy path")) };
+    let ring = &p.rx;
+    let (posted, reading) = (d.index << 2 | POSTED, d.index << 2 | READING);
+    match ring.cma_state(d.index).compare_exchange(posted, reading, Ordering::SeqCst, Ordering::SeqCst) {
+        Ok(_) => {}
+        Err(s) => {
+            ring.acknowledge(d.index);
+            return if s == d.index << 2 | WITHDRAWN { Ok(false) } else { Err(out_of_step()) };
+        }
+    }
+    let total = d.len as usize;
+    let r = match out {
+        Out::Into(buf) => match buf.get_mut(..total) {
+            Some(dst) => cma_read(pid, d.addr, dst),
+            None => Err(std::io::Error::other("a frame longer than its buffer")),
+        },
+        Out::Pieces(piece) => {
+            if st.scratch.is_empty() {
+                st.scratch = vec![0u8; CMA_PIECE];
+            }
+            let mut off = 0;
+            let mut r = Ok(());
+            while off < total {
+                let n = (total - off).min(CMA_PIECE);
+                r = cma_read(pid, d.addr + off as u64, &mut st.scratch[..n]);
+                if r.is_err() {
+                    break;
+                }
+                piece(off, &st.scratch[..n]);
+                off += n;
+            }
+            r
+        }
+    };
+    ring.acknowledge(d.index);
+    r.map(|_| true).map_err(|e| cma_error(src, &e, inbox))
 }
 
 /// Offers and accepts shared memory on a freshly authenticated socket, before its reader
@@ -681,7 +1100,10 @@ pub(crate) fn handshake(
     if !(same && allow && theirs[36] == 1) {
         return Ok((their_host, None));
     }
-    let link = if me < peer { offer(sock, me, peer, mesh)? } else { accept(sock, peer)? };
+    let mut link = if me < peer { offer(sock, me, peer, mesh)? } else { accept(sock, peer)? };
+    if let Some(l) = &mut link {
+        l.cma_pid = agree_cma(sock, peer, cfg.cma)?;
+    }
     if link.is_none() && cfg.transport == Transport::Shm {
         return Err(Error::new(
             ErrorKind::System,
@@ -693,6 +1115,43 @@ pub(crate) fn handshake(
 
 fn hs_err(peer: u32, what: &'static str) -> impl Fn(std::io::Error) -> Error {
     move |e| Error::io(ErrorKind::Connect, format!("shared-memory handshake with world rank {peer}: {what}"), &e)
+}
+
+/// Both sides of a shared-memory pair send their pid and the address and value of their
+/// [`CMA_MAGIC`], try to read the other's, and tell each other whether that worked: single-copy
+/// reads are on only when both worked (pid namespaces, ptrace policy or seccomp may forbid them,
+/// in one direction only). Returns the peer's pid when they are on.
+fn agree_cma(sock: &mut TcpStream, peer: u32, allow: bool) -> Result<Option<i32>> {
+    let io = |what: &'static str| hs_err(peer, what);
+    let magic = cma_magic();
+    let mut mine = [0u8; 21];
+    mine[0] = allow as u8;
+    mine[1..5].copy_from_slice(&std::process::id().to_le_bytes());
+    mine[5..13].copy_from_slice(&(magic.as_ptr() as u64).to_le_bytes());
+    mine[13..21].copy_from_slice(&magic.load(Ordering::Relaxed).to_le_bytes());
+    // Both write before they read: 21 bytes fit any socket buffer.
+    sock.write_all(&mine).map_err(io("send pid"))?;
+    let mut theirs = [0u8; 21];
+    sock.read_exact(&mut theirs).map_err(io("receive pid"))?;
+    let (pid, addr, value) = cma_offer(&theirs);
+    let can = allow && theirs[0] == 1 && pid.is_some_and(|pid| cma_probe(pid, addr, value));
+    sock.write_all(&[can as u8]).map_err(io("send probe"))?;
+    let mut their_can = [0u8; 1];
+    sock.read_exact(&mut their_can).map_err(io("receive probe"))?;
+    let on = can && their_can[0] == 1;
+    if !on && allow {
+        tracing::debug!(peer, "no single-copy reads with world rank {peer} (HCCN_CMA, or the kernel forbids them)");
+    }
+    Ok(pid.filter(|_| on))
+}
+
+/// The pid (if it is a valid one), magic address and magic value in a peer's probe message.
+fn cma_offer(m: &[u8; 21]) -> (Option<i32>, u64, u64) {
+    let pid = u32::from_le_bytes([m[1], m[2], m[3], m[4]]);
+    let word =
+        |i: usize| u64::from_le_bytes([m[i], m[i + 1], m[i + 2], m[i + 3], m[i + 4], m[i + 5], m[i + 6], m[i + 7]]);
+    let pid = i32::try_from(pid).ok().filter(|p| *p > 0);
+    (pid, word(5), word(13))
 }
 
 fn offer(sock: &mut TcpStream, me: u32, peer: u32, mesh: u64) -> Result<Option<ShmPeer>> {
@@ -756,4 +1215,176 @@ fn accept(sock: &mut TcpStream, peer: u32) -> Result<Option<ShmPeer>> {
     };
     sock.write_all(&[mapped.is_some() as u8]).map_err(io("answer"))?;
     Ok(mapped.map(|s| ShmPeer::new(s, false)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptors_round_trip_and_other_lengths_are_refused() {
+        let d = Desc { addr: 0x7fff_1234_5670, len: (1 << 20) + 12, index: 41 };
+        assert_eq!(Desc::decode(&d.encode()), Some(d));
+        assert_eq!(Desc::decode(&d.encode()[..DESC_LEN - 1]), None);
+        assert_eq!(Desc::decode(&[0u8; DESC_LEN + 1]), None);
+    }
+
+    #[test]
+    fn the_probe_reads_this_process_and_fails_cleanly_otherwise() {
+        let m = cma_magic();
+        let (me, addr, value) = (std::process::id() as i32, m.as_ptr() as u64, m.load(Ordering::Relaxed));
+        assert!(cma_probe(me, addr, value), "reading this process's own magic");
+        assert!(!cma_probe(me, addr, value ^ 1), "a wrong value");
+        assert!(!cma_probe(me, 8, value), "an unmapped address");
+        // Above the largest pid Linux hands out: no such process.
+        let e = cma_read(i32::MAX, addr, &mut [0u8; 8]).err().and_then(|e| e.raw_os_error());
+        assert_eq!(e, Some(libc::ESRCH));
+        assert!(!cma_probe(i32::MAX, addr, value));
+        let bogus = [1u8, 0, 0, 0, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(cma_offer(&bogus).0, None, "a pid above i32::MAX");
+    }
+
+    /// Both sides of `agree_cma` over a loopback connection, with what each allows.
+    fn agree(a: bool, b: bool) -> (Option<i32>, Option<i32>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let t = std::thread::spawn(move || {
+            let mut s = TcpStream::connect(addr).expect("connect");
+            agree_cma(&mut s, 0, b).expect("agree")
+        });
+        let (mut s, _) = listener.accept().expect("accept");
+        let mine = agree_cma(&mut s, 1, a).expect("agree");
+        (mine, t.join().expect("join"))
+    }
+
+    #[test]
+    fn both_sides_agree_only_when_both_allow() {
+        let me = Some(std::process::id() as i32);
+        assert_eq!(agree(true, true), (me, me));
+        assert_eq!(agree(true, false), (None, None));
+        assert_eq!(agree(false, true), (None, None));
+    }
+
+    /// Two ends of one segment in this process (world ranks 0 and 1), with single-copy reads
+    /// agreed on the sending and the receiving side as given.
+    fn pair(send_cma: bool, recv_cma: bool) -> (Shm, Shm) {
+        let path = format!("/dev/shm/hccn-unit-{}-{send_cma}-{recv_cma}", std::process::id());
+        let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).expect("open");
+        f.set_len(SEG_BYTES as u64).expect("size");
+        let (a, b) = (Segment::map(&f).expect("map"), Segment::map(&f).expect("map"));
+        let _ = std::fs::remove_file(&path);
+        let me = std::process::id() as i32;
+        let mut a = ShmPeer::new(a, true);
+        let mut b = ShmPeer::new(b, false);
+        a.cma_pid = send_cma.then_some(me);
+        b.cma_pid = recv_cma.then_some(me);
+        (Shm::new(vec![None, Some(a)]), Shm::new(vec![Some(b), None]))
+    }
+
+    fn hdr(seq: u64, len: usize) -> FrameHeader {
+        FrameHeader { kind: FrameKind::Collective, comm_id: 7, epoch: 0, seq, tag: 3, len: len as u64 }
+    }
+
+    fn key(seq: u64) -> Key {
+        Key { src: 0, kind: FrameKind::Collective, comm_id: 7, seq }
+    }
+
+    /// Receives `key` on `shm` into a Vec.
+    fn recv(shm: &Shm, inbox: &Inbox, k: Key) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut check = |_: &FrameHeader| Ok(());
+        let mut piece = |off: usize, p: &[u8]| {
+            assert_eq!(off, out.len(), "pieces in order");
+            out.extend_from_slice(p);
+        };
+        let mut sink = Sink { check: &mut check, out: Out::Pieces(&mut piece) };
+        shm.recv(k, inbox, Duration::from_secs(2), &|_| None, &mut sink)?;
+        Ok(out)
+    }
+
+    #[test]
+    fn a_descriptor_is_read_in_place_drained_or_withdrawn() {
+        let (tx, rx) = pair(true, true);
+        let (tx_inbox, rx_inbox) = (Inbox::default(), Inbox::default());
+        let t = Duration::from_secs(2);
+        let payload: Vec<u8> = (0..(CMA_PIECE * 2 + 12)).map(|i| (i * 7 % 251) as u8).collect();
+        assert_eq!(tx.send_desc(1, &hdr(1, payload.len()), &payload, &tx_inbox, t).ok(), Some(Some(0)));
+        assert_eq!(recv(&rx, &rx_inbox, key(1)).ok().as_ref(), Some(&payload), "read in place");
+        assert!(tx.wait_sent(1, 0, &tx_inbox, t, &|_| None).is_ok(), "acknowledged");
+        // Another wait's descriptor moves into the inbox, read whole.
+        assert_eq!(tx.send_desc(1, &hdr(2, payload.len()), &payload, &tx_inbox, t).ok(), Some(Some(1)));
+        rx.drain(None, &rx_inbox);
+        assert_eq!(rx_inbox.try_take(key(2)).map(|f| f.payload).as_ref(), Some(&payload), "drained");
+        assert!(tx.wait_sent(1, 1, &tx_inbox, t, &|_| None).is_ok());
+        // Withdrawn before it was read: the receiver gets an error, not stale bytes; the
+        // descriptor before it (another operation's, say) is still read.
+        assert_eq!(tx.send_desc(1, &hdr(6, payload.len()), &payload, &tx_inbox, t).ok(), Some(Some(2)));
+        assert_eq!(tx.send_desc(1, &hdr(3, payload.len()), &payload, &tx_inbox, t).ok(), Some(Some(3)));
+        tx.withdraw(1, 3, &tx_inbox, t);
+        assert_eq!(recv(&rx, &rx_inbox, key(6)).ok().as_ref(), Some(&payload), "not withdrawn");
+        let e = recv(&rx, &rx_inbox, key(3)).err().map(|e| e.kind());
+        assert_eq!(e, Some(ErrorKind::Remote));
+        tx.withdraw(1, 2, &tx_inbox, t);
+        // The pair stays in step: plain frames and descriptors go on.
+        tx.send(1, &hdr(4, 5), b"hello", &tx_inbox, t).expect("send");
+        assert_eq!(recv(&rx, &rx_inbox, key(4)).ok().as_deref(), Some(&b"hello"[..]));
+        assert_eq!(tx.send_desc(1, &hdr(5, payload.len()), &payload, &tx_inbox, t).ok(), Some(Some(4)));
+        assert_eq!(recv(&rx, &rx_inbox, key(5)).ok().as_ref(), Some(&payload));
+    }
+
+    #[test]
+    fn a_descriptor_where_none_was_agreed_or_of_the_wrong_length_is_a_protocol_error() {
+        let (tx, rx) = pair(true, false);
+        let (tx_inbox, rx_inbox) = (Inbox::default(), Inbox::default());
+        let t = Duration::from_secs(2);
+        let payload = vec![1u8; CMA_MIN];
+        tx.send_desc(1, &hdr(1, payload.len()), &payload, &tx_inbox, t).expect("send");
+        let e = recv(&rx, &rx_inbox, key(1)).err().map(|e| (e.kind(), e.message().to_owned()));
+        assert!(e.as_ref().is_some_and(|(k, m)| *k == ErrorKind::Transfer && m.contains("none was agreed")), "{e:?}");
+
+        let (tx, rx) = pair(true, true);
+        tx.send_desc(1, &hdr(1, payload.len() + 16), &payload, &tx_inbox, t).expect("send");
+        let e = recv(&rx, &rx_inbox, key(1)).err().map(|e| (e.kind(), e.message().to_owned()));
+        assert!(e.as_ref().is_some_and(|(k, m)| *k == ErrorKind::Transfer && m.contains("out of step")), "{e:?}");
+    }
+
+    #[test]
+    fn a_descriptor_of_unreadable_memory_is_a_transfer_error_not_a_crash() {
+        let (tx, rx) = pair(true, true);
+        let (tx_inbox, rx_inbox) = (Inbox::default(), Inbox::default());
+        let t = Duration::from_secs(2);
+        let len = CMA_MIN;
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        // SAFETY: a fresh private anonymous mapping of `len` bytes, checked for MAP_FAILED.
+        let m = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+        assert_ne!(m, libc::MAP_FAILED);
+        {
+            // SAFETY: the mapping is `len` readable bytes; the slice is gone before the mprotect.
+            let payload = unsafe { std::slice::from_raw_parts(m as *const u8, len) };
+            tx.send_desc(1, &hdr(1, len), payload, &tx_inbox, t).expect("send");
+        }
+        // Unreadable but still mapped (unmapped, its addresses could be mapped again by another
+        // test thread meanwhile).
+        // SAFETY: `m` is the mapping made above, no longer referenced.
+        assert_eq!(unsafe { libc::mprotect(m, len, libc::PROT_NONE) }, 0);
+        let e = recv(&rx, &rx_inbox, key(1)).err().map(|e| e.kind());
+        // SAFETY: as above.
+        unsafe { libc::munmap(m, len) };
+        assert_eq!(e, Some(ErrorKind::Transfer));
+        assert!(tx.wait_sent(1, 0, &tx_inbox, t, &|_| None).is_ok(), "acknowledged all the same");
+    }
+
+    #[test]
+    fn a_sender_waiting_for_a_dead_reader_gets_an_error() {
+        let (tx, _rx) = pair(true, true);
+        let tx_inbox = Inbox::default();
+        let t = Duration::from_secs(2);
+        let payload = vec![1u8; CMA_MIN];
+        let index = tx.send_desc(1, &hdr(1, payload.len()), &payload, &tx_inbox, t).ok().flatten();
+        tx_inbox.mark_failed(1, "killed".into());
+        let e = tx.wait_sent(1, index.unwrap_or(0), &tx_inbox, t, &|_| None).err().map(|e| e.kind());
+        assert_eq!(e, Some(ErrorKind::RankFailed));
+        let e = tx.wait_sent(1, 0, &Inbox::default(), Duration::from_millis(50), &|_| None).err().map(|e| e.kind());
+        assert_eq!(e, Some(ErrorKind::Timeout), "nobody reads: the deadline ends the wait");
+    }
 }

@@ -378,7 +378,11 @@ pub(crate) fn connect_mesh(
     let mut local: Vec<Option<shm::ShmPeer>> = (0..size).map(|_| None).collect();
     for (peer, sock) in &mut sockets {
         let (host, link) = shm::handshake(sock, rank, *peer, mesh, &mine, cfg)?;
-        tracing::info!(rank, peer = *peer, transport = if link.is_some() { "shm" } else { "tcp" }, "data link");
+        let (transport, cma) = match &link {
+            Some(l) => ("shm", l.cma()),
+            None => ("tcp", false),
+        };
+        tracing::info!(rank, peer = *peer, transport, cma, "data link");
         hosts[*peer as usize] = Some(host);
         local[*peer as usize] = link;
     }
