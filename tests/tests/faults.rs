@@ -40,10 +40,23 @@ fn sigkill_mid_a_single_copy_ring_allreduce_fails_survivors_within_two_seconds()
     }
 }
 
+#[test]
+fn sigkill_amid_small_board_allreduces_fails_survivors_within_two_seconds() {
+    // 64-byte allreduces on one host: the survivors wait on the shared-memory board, not on a
+    // socket or ring, when the victim dies.
+    for n in [2u32, 4] {
+        sigkill_mid(n, "kill-small", &[]);
+    }
+}
+
 /// The last of `n` ranks SIGKILLs itself in a large allreduce: every survivor must report the
 /// failure (naming it) within 2 s, and no process may outlive the job.
 fn sigkill_mid_allreduce(n: u32, env: &[(&str, &str)]) -> launch::Outcome {
-    let out = launch::hccnrun(n, &faults(), &["kill"], env, Duration::from_secs(120));
+    sigkill_mid(n, "kill", env)
+}
+
+fn sigkill_mid(n: u32, mode: &str, env: &[(&str, &str)]) -> launch::Outcome {
+    let out = launch::hccnrun(n, &faults(), &[mode], env, Duration::from_secs(120));
     let victim = n - 1;
     // hccnrun reports the victim's death by signal and returns 128 + 9.
     assert_eq!(out.code, Some(137), "{}", out.describe());

@@ -176,11 +176,12 @@ impl Algorithm for BoardAllreduce {
             _ => None,
         };
         let Some((board, turn)) = board else { return RD.reduce(ctx, w) };
-        let deadline = Instant::now() + ctx.timeout();
+        // Taken at the first stall: most operations never stall, and need no clock.
+        let mut deadline = None;
         let mut quick = || ctx.health_error().map_or(Ok(()), Err);
         let mut stalled = || {
             ctx.net().keep_moving();
-            if Instant::now() >= deadline {
+            if Instant::now() >= *deadline.get_or_insert_with(|| Instant::now() + ctx.timeout()) {
                 return Err(Error::timeout(format!(
                     "a small allreduce waited {} ms for the other ranks on this host (HCCN_TIMEOUT_MS)",
                     ctx.timeout().as_millis()

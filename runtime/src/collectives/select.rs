@@ -358,12 +358,11 @@ fn chunk_for(m: &Model, step: f64) -> usize {
 }
 
 pub(crate) fn select(work: &Work, ctx: &Ctx<'_>) -> Result<Plan> {
-    let plan = plan(work, &Model::of(ctx), ctx.forced_algo())?;
-    // Decided at submit time (see board.rs); the model's plan is its fallback's chunk.
+    // Decided at submit time (see board.rs); at most a few KiB, so its fallback needs no chunks.
     if ctx.turn().is_some() {
-        return Ok(Plan { algo: &super::board::BoardAllreduce, ..plan });
+        return Ok(Plan { algo: &super::board::BoardAllreduce, chunk: ctx.max_chunk() });
     }
-    Ok(plan)
+    plan(work, &Model::of(ctx), ctx.forced_algo())
 }
 
 fn plan(work: &Work, m: &Model, forced: AlgoChoice) -> Result<Plan> {

@@ -210,6 +210,10 @@ impl CommInner {
     }
 
     fn check_state(&self) -> Result<()> {
+        // The common case costs two loads: nothing failed, left or was revoked anywhere.
+        if self.net.inbox.troubles() == 0 && !self.aborted.load(Ordering::Relaxed) {
+            return Ok(());
+        }
         match self.net.inbox.health(|h| self.status(h)) {
             Some(e) => Err(e),
             None => Ok(()),

@@ -34,9 +34,20 @@ const INLINE: usize = LINE - 8;
 const SLOT: usize = 2 * LINE + BOARD_BYTES;
 const MAGIC: u64 = 0x4843_434e_4252_4431; // "HCCNBRD1"
 
-/// Bytes of a board for `n` ranks: a control line (magic, futex word, sleepers), then the slots.
+/// Looks a waiter spends spinning (rather than yielding) while no rank it waits for shares its
+/// core, when the host's ranks outnumber its cores.
+const SPIN_LOOKS: u32 = 256;
+
+/// Bytes of a board for `n` ranks: a control line (magic, futex word, sleepers), a line per
+/// rank (the core it last ran on), then the slots.
 fn board_bytes(n: u32) -> usize {
-    LINE + n as usize * TURNS as usize * SLOT
+    LINE + n as usize * LINE + n as usize * TURNS as usize * SLOT
+}
+
+/// The core this thread runs on now (u32::MAX when unknown).
+fn here() -> u32 {
+    // SAFETY: no arguments; reads the current CPU (vDSO or rseq, no system call on Linux).
+    u32::try_from(unsafe { libc::sched_getcpu() }).unwrap_or(u32::MAX)
 }
 
 /// One communicator's board, mapped by each of its ranks.
@@ -109,8 +120,12 @@ impl Board {
     fn sleepers(&self) -> &AtomicU32 {
         self.word32(12)
     }
+    /// The core `rank` last ran on, as it last said.
+    fn cpu(&self, rank: u32) -> &AtomicU32 {
+        self.word32(LINE + rank as usize * LINE)
+    }
     fn slot(&self, rank: u32, turn: u64) -> usize {
-        LINE + (rank as usize * TURNS as usize + (turn % TURNS) as usize) * SLOT
+        LINE + self.n as usize * LINE + (rank as usize * TURNS as usize + (turn % TURNS) as usize) * SLOT
     }
     fn seq(&self, rank: u32, turn: u64) -> &AtomicU64 {
         self.word64(self.slot(rank, turn))
@@ -130,14 +145,35 @@ impl Board {
         }
     }
 
-    fn wait_until(&self, ready: &dyn Fn() -> bool, watch: &mut Watch<'_>) -> Result<()> {
+    /// Waits for `ready`. Where ranks share cores, yielding hands the core to a rank that may
+    /// need it, but costs a context switch: while `needs_core(my core)` says that no rank this
+    /// one waits for last ran on its core (they run elsewhere), it spins a while instead.
+    fn wait_until(
+        &self,
+        ready: &dyn Fn() -> bool,
+        needs_core: &dyn Fn(u32) -> bool,
+        watch: &mut Watch<'_>,
+    ) -> Result<()> {
         let mut backoff = Backoff::new(self.wait);
+        let mut spins = 0;
+        let mut mine = here();
+        self.cpu(self.me).store(mine, Ordering::Relaxed);
         loop {
             if ready() {
                 return Ok(());
             }
             (watch.quick)()?;
-            if backoff.snooze() {
+            if self.wait.shares_cores() && spins < SPIN_LOOKS && !needs_core(mine) {
+                spins += 1;
+                for _ in 0..16 {
+                    std::hint::spin_loop();
+                }
+                continue;
+            }
+            let slept = backoff.snooze();
+            mine = here();
+            self.cpu(self.me).store(mine, Ordering::Relaxed);
+            if slept {
                 (watch.stalled)()?;
                 let seen = self.futex().load(Ordering::SeqCst);
                 self.sleepers().fetch_add(1, Ordering::SeqCst);
@@ -161,7 +197,7 @@ impl Board {
             self.seq(me, turn).load(Ordering::Acquire) == before
                 && (before == 0 || self.reads(me, turn).load(Ordering::Acquire) == readers)
         };
-        self.wait_until(&free, watch).map_err(|e| {
+        self.wait_until(&free, &|_| true, watch).map_err(|e| {
             let (seq, reads) =
                 (self.seq(me, turn).load(Ordering::Relaxed), self.reads(me, turn).load(Ordering::Relaxed));
             e.context(format!(
@@ -183,7 +219,15 @@ impl Board {
         let len = acc.len();
         for rank in 0..self.n {
             let seq = self.seq(rank, turn);
-            self.wait_until(&|| seq.load(Ordering::Acquire) == turn + 1, watch).map_err(|e| {
+            // Ranks from `rank` on may not have posted yet; one that last ran on our core needs it.
+            let needs_core = |mine: u32| {
+                (rank..self.n).any(|r| {
+                    r != self.me
+                        && self.cpu(r).load(Ordering::Relaxed) == mine
+                        && self.seq(r, turn).load(Ordering::Relaxed) != turn + 1
+                })
+            };
+            self.wait_until(&|| seq.load(Ordering::Acquire) == turn + 1, &needs_core, watch).map_err(|e| {
                 let held = seq.load(Ordering::Relaxed);
                 e.context(format!("board turn {turn}: rank {rank} has not posted (its slot holds turn {held} - 1)"))
             })?;

@@ -326,11 +326,17 @@ impl Backoff {
             for _ in 0..8 {
                 std::hint::spin_loop();
             }
+            // The clock only every 16th look: reading it costs as much as a look.
+            self.n = self.n.wrapping_add(1);
+            if self.n % 16 != 1 {
+                return false;
+            }
             let start = *self.start.get_or_insert_with(Instant::now);
             if start.elapsed() < self.spin {
                 return false;
             }
             self.spinning = false;
+            self.n = 0;
         }
         self.n = self.n.saturating_add(1);
         if self.n <= self.yields {
@@ -355,6 +361,13 @@ impl Backoff {
 pub(super) struct Wait {
     spin: Duration,
     yields: u32,
+}
+
+impl Wait {
+    /// The host's ranks outnumber its cores: waiters yield rather than spin.
+    pub(super) fn shares_cores(&self) -> bool {
+        self.spin.is_zero()
+    }
 }
 
 /// What a descriptor slot carries: where the payload lies in the sender's memory, and the

@@ -1,7 +1,8 @@
 //! Fault scenarios for one rank of a job started by hccnrun, through the C ABI. Lines starting
 //! with an upper-case word are read by tests/tests/faults.rs.
 //!
-//! - `kill`: the last rank SIGKILLs itself in the middle of a large allreduce; survivors must get
+//! - `kill` (`kill-small`): the last rank SIGKILLs itself in the middle of a large allreduce (a
+//!   run of 64-byte ones, which take the shared-memory board); survivors must get
 //!   HCCN_ERROR_RANK_FAILED naming it, and every later call must fail at once.
 //! - `intruder`: while the job runs verified allreduces, rank 0 starts a process with the wrong
 //!   job token, which must be refused with HCCN_ERROR_AUTH.
@@ -61,11 +62,11 @@ fn failed_ranks(c: &CComm) -> Vec<u32> {
     ranks[..count.min(16) as usize].to_vec()
 }
 
-fn kill(c: &CComm) -> ExitCode {
+fn kill(c: &CComm, elems: usize) -> ExitCode {
     let (me, n) = (c.rank(), c.size());
     let victim = n - 1;
-    let send = vec![1.0f32; 16 << 20];
-    let mut recv = vec![0.0f32; 16 << 20];
+    let send = vec![1.0f32; elems];
+    let mut recv = vec![0.0f32; elems];
     println!("PID {}", std::process::id());
     if me == victim {
         std::thread::spawn(|| {
@@ -90,7 +91,8 @@ fn kill(c: &CComm) -> ExitCode {
             let good = code == 100 && failed == vec![victim] && again == Some(100) && async_err == 100;
             return if good { ExitCode::SUCCESS } else { ExitCode::FAILURE };
         }
-        if i > 1000 {
+        // Large ones take ~10 ms each; small ones microseconds: run either for ~10 s at most.
+        if i > 1000 && (elems > 4096 || i > 10_000_000) {
             break;
         }
     }
@@ -570,7 +572,8 @@ fn main() -> ExitCode {
         return grow(comm);
     }
     match mode.as_str() {
-        "kill" => kill(&comm),
+        "kill" => kill(&comm, 16 << 20),
+        "kill-small" => kill(&comm, 16),
         "intruder" => intruder(&comm),
         "deadline" => deadline(&comm),
         "early-exit" => early_exit(&comm),
