@@ -6,7 +6,9 @@
 //! same two buffers; GB/s counts the bytes of `dst` processed per second for both, so "% memcpy"
 //! compares the time to reduce a buffer with the time to copy it. A reduction reads two streams
 //! and writes one where memcpy reads one and writes one, so out of cache it moves 1.5× the
-//! memory traffic of memcpy for the same count. Each cell is the median of 5 repetitions of
+//! memory traffic of memcpy for the same count. "% traffic" counts that traffic, as STREAM
+//! does (its Add moves 3 words per element, its Copy 2): the share of memcpy's memory bandwidth
+//! the kernel reaches. Each cell is the median of 5 repetitions of
 //! about 0.1 s (0.02 s with --quick). The element-at-a-time reference (`scalar`) is shown for
 //! f32 sum. Every kernel's result is checked against that reference once per size.
 
@@ -71,14 +73,14 @@ fn main() {
         (DataType::Bf16, ReduceOp::Sum),
     ];
     println!("# hccn-kernel-bench  isa: {:?}  (GB/s of dst bytes processed; median of 5)", isa());
-    println!("{:>10}  {:>12}  {:>9}  {:>8}", "size", "kernel", "GB/s", "% memcpy");
+    println!("{:>10}  {:>12}  {:>9}  {:>8}  {:>9}", "size", "kernel", "GB/s", "% memcpy", "% traffic");
     let mut wrong = 0;
     for &size in sizes {
         let mut dst = vec![0u8; size];
         let mut src = vec![0u8; size];
         let gbs = |secs: f64| size as f64 / secs / 1e9;
         let memcpy = gbs(time(budget, || black_box(&mut dst[..]).copy_from_slice(black_box(&src[..]))));
-        println!("{:>10}  {:>12}  {memcpy:>9.2}  {:>8}", size, "memcpy", "100%");
+        println!("{:>10}  {:>12}  {memcpy:>9.2}  {:>8}  {:>9}", size, "memcpy", "100%", "100%");
         for &(dt, op) in kernels {
             if only.as_ref().is_some_and(|o| *o != format!("{}_{}", dt.name(), op.name())) {
                 continue;
@@ -98,7 +100,9 @@ fn main() {
             // may reach infinity, which costs the same per element (no subnormals arise).
             let k = gbs(time(budget, || reduce_into(black_box(&mut dst[..]), black_box(&src[..]), dt, op)));
             let name = format!("{}_{}", dt.name(), op.name());
-            println!("{:>10}  {name:>12}  {k:>9.2}  {:>7.0}%", size, 100.0 * k / memcpy);
+            // Bytes moved: the kernel reads dst and src and writes dst (3), memcpy reads and writes (2).
+            let traffic = 100.0 * (3.0 * k) / (2.0 * memcpy);
+            println!("{:>10}  {name:>12}  {k:>9.2}  {:>7.0}%  {traffic:>8.0}%", size, 100.0 * k / memcpy);
             if dt == DataType::Fp32 && op == ReduceOp::Sum {
                 let s = gbs(time(budget, || reduce_into_scalar(black_box(&mut dst[..]), black_box(&src[..]), dt, op)));
                 println!("{:>10}  {:>12}  {s:>9.2}  {:>7.0}%", size, "fp32_sum_ref", 100.0 * s / memcpy);

@@ -1284,7 +1284,7 @@ mod tests {
         let path = format!("/dev/shm/hccn-unit-{}-{send_cma}-{recv_cma}", std::process::id());
         let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).expect("open");
         f.set_len(SEG_BYTES as u64).expect("size");
-        let (a, b) = (Segment::map(&f).expect("map"), Segment::map(&f).expect("map"));
+        let (a, b) = (Segment::map(&f, SEG_BYTES).expect("map"), Segment::map(&f, SEG_BYTES).expect("map"));
         let _ = std::fs::remove_file(&path);
         let me = std::process::id() as i32;
         let mut a = ShmPeer::new(a, true);
