@@ -30,7 +30,8 @@ const BULK_BYTES: usize = 1 << 20;
 /// Frame tags: rank 0's pings (echoed back with the same tag), then its figures.
 const TAG_PING: u32 = 1;
 const TAG_FIGURES: u32 = 2;
-const FIGURES_BYTES: usize = 48;
+/// α and β of each kind, then whether rank 0's host runs more ranks than it has cores.
+const FIGURES_BYTES: usize = 56;
 
 /// What this process measured so far: kind, whether the peer was on another host, figures.
 static MEASURED: Mutex<Vec<(TransportKind, bool, LinkCost)>> = Mutex::new(Vec::new());
@@ -54,18 +55,29 @@ impl Probe<'_> {
     /// Rank 0: the figures, from HCCN_LINK_COST or measured, sent to every other rank.
     fn decide(&self, size: u32) -> Result<LinkCosts> {
         let started = Instant::now();
-        let (costs, source) = match self.cfg.link_cost {
+        let (mut costs, source) = match self.cfg.link_cost {
             LinkCostSource::Builtin => (LinkCosts::builtin(), "built-in"),
             LinkCostSource::Explicit(c) => (c, "HCCN_LINK_COST"),
             LinkCostSource::Measure => (self.measure_all(size)?, "measured"),
         };
+        costs.shared_cores = self.host_shares_cores(size);
         let figures = encode(&costs);
         for peer in 1..size {
             self.send(peer, TAG_FIGURES, &figures)?;
         }
         let ms = started.elapsed().as_secs_f64() * 1e3;
-        tracing::info!(rank = 0u32, %costs, source, took_ms = format_args!("{ms:.1}"), "link costs agreed");
+        let shared_cores = costs.shared_cores;
+        tracing::info!(rank = 0u32, %costs, shared_cores, source, took_ms = format_args!("{ms:.1}"), "link costs agreed");
         Ok(costs)
+    }
+
+    /// Rank 0: whether its host runs more of the world's ranks than it has cores.
+    fn host_shares_cores(&self, size: u32) -> bool {
+        let hosts = &self.net.hosts;
+        let here = hosts.first().copied().flatten();
+        let local = (0..size as usize).filter(|&r| here.is_some() && hosts.get(r).copied().flatten() == here).count();
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        local > cores
     }
 
     /// Rank 0: the built-in figures, with those of the kinds it reaches replaced by measured ones.
@@ -207,7 +219,9 @@ fn sane(kind: TransportKind, measured: LinkCost) -> LinkCost {
 }
 
 fn encode(c: &LinkCosts) -> Vec<u8> {
-    TransportKind::ALL.iter().flat_map(|k| [c.get(*k).alpha, c.get(*k).beta]).flat_map(f64::to_le_bytes).collect()
+    let flag = if c.shared_cores { 1.0 } else { 0.0 };
+    let figures = TransportKind::ALL.iter().flat_map(|k| [c.get(*k).alpha, c.get(*k).beta]);
+    figures.chain([flag]).flat_map(f64::to_le_bytes).collect()
 }
 
 fn decode(b: &[u8]) -> Result<LinkCosts> {
@@ -221,6 +235,11 @@ fn decode(b: &[u8]) -> Result<LinkCosts> {
         }
         costs.set(kind, LinkCost { alpha, beta });
     }
+    costs.shared_cores = match x.next() {
+        Some(f) if f == 1.0 => true,
+        Some(f) if f == 0.0 => false,
+        _ => return Err(bad()),
+    };
     Ok(costs)
 }
 
@@ -239,6 +258,11 @@ mod tests {
         let mut nan = b.clone();
         nan[8..16].copy_from_slice(&f64::NAN.to_le_bytes());
         assert!(decode(&nan).is_err());
+        c.shared_cores = true;
+        assert_eq!(decode(&encode(&c)).ok(), Some(c));
+        let mut flag = encode(&c);
+        flag[48..56].copy_from_slice(&0.5f64.to_le_bytes());
+        assert!(decode(&flag).is_err());
     }
 
     #[test]

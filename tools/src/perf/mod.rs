@@ -375,6 +375,9 @@ fn run(o: &Options) -> Result<bool, String> {
     if me == 0 {
         header(o, n).iter().for_each(|l| emit(l));
         emit(&format!("# link costs: {}", comm.link_costs()));
+        if comm.link_costs().shared_cores {
+            emit("# ranks outnumber cores on rank 0's host: the model leaves rhd to HCCN_ALGO");
+        }
     }
     let started = Instant::now();
     let (mut busbw_sum, mut rows, mut total_wrong) = (0.0, 0u32, 0u64);
