@@ -235,9 +235,9 @@ fn decode(b: &[u8]) -> Result<LinkCosts> {
         }
         costs.set(kind, LinkCost { alpha, beta });
     }
-    costs.shared_cores = match x.next() {
-        Some(f) if f == 1.0 => true,
-        Some(f) if f == 0.0 => false,
+    costs.shared_cores = match x.next().map(f64::to_bits) {
+        Some(b) if b == 1.0f64.to_bits() => true,
+        Some(0) => false,
         _ => return Err(bad()),
     };
     Ok(costs)
