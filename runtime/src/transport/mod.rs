@@ -6,6 +6,12 @@
 //! communicator that contains it returns `RankFailed` at once.
 
 pub(crate) mod board;
+
+/// How long a waiter whose peer gave up (withdrew its data, or left on purpose) waits to learn
+/// why before that is its error: a failed member or a revoke reaches every rank within the
+/// heartbeat's dead-after time, and every rank of an operation that failed for a member's death
+/// should name that member, whichever news came first.
+pub(crate) const NEWS_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 mod heartbeat;
 pub(crate) mod linkcost;
 mod pool;

@@ -559,6 +559,8 @@ enum Polled {
     Done,
     Progress,
     Nothing,
+    /// The frame was a descriptor its sender withdrew: its operation failed.
+    Withdrawn,
 }
 
 fn header(raw: &[u8; HEADER_LEN], src: u32) -> Result<FrameHeader> {
@@ -810,6 +812,7 @@ impl Shm {
         let mut gen = u64::MAX;
         let mut backoff = Backoff::new(self.wait);
         let mut ended: Option<Error> = None;
+        let mut withdrawn: Option<Instant> = None;
         loop {
             let g = inbox.generation();
             if g != gen {
@@ -835,10 +838,19 @@ impl Shm {
                         continue;
                     }
                     Polled::Nothing => {}
+                    Polled::Withdrawn => {
+                        withdrawn = Some(Instant::now());
+                    }
                 }
             }
             if let Some(e) = ended {
                 return Err(e);
+            }
+            if withdrawn.is_some_and(|t| t.elapsed() >= super::NEWS_GRACE) {
+                return Err(Error::new(
+                    ErrorKind::Remote,
+                    format!("world rank {} gave up its operation before this rank read its data", key.src),
+                ));
             }
             if backoff.snooze() {
                 if Instant::now() >= deadline {
@@ -898,10 +910,7 @@ impl Shm {
             st.cma_next += 1;
             return match cma_take(p, st, key.src, d, inbox, &mut sink.out)? {
                 true => Ok(Polled::Done),
-                false => Err(Error::new(
-                    ErrorKind::Remote,
-                    format!("world rank {} gave up its operation before this rank read its data", key.src),
-                )),
+                false => Ok(Polled::Withdrawn),
             };
         }
         (sink.check)(&hdr)?;
@@ -1335,8 +1344,13 @@ mod tests {
         assert_eq!(tx.send_desc(1, &hdr(3, payload.len()), &payload, &tx_inbox, t).ok(), Some(Some(3)));
         tx.withdraw(1, 3, &tx_inbox, t);
         assert_eq!(recv(&rx, &rx_inbox, key(6)).ok().as_ref(), Some(&payload), "not withdrawn");
-        let e = recv(&rx, &rx_inbox, key(3)).err().map(|e| e.kind());
-        assert_eq!(e, Some(ErrorKind::Remote));
+        // Told nothing else about the sender (no failure reaches this inbox), the receiver gives
+        // the withdrawal as its error after the grace period, before its own deadline.
+        let mut check = |_: &FrameHeader| Ok(());
+        let mut ignore = |_: usize, _: &[u8]| {};
+        let mut sink = Sink { check: &mut check, out: Out::Pieces(&mut ignore) };
+        let e = rx.recv(key(3), &rx_inbox, crate::transport::NEWS_GRACE * 3, &|_| None, &mut sink).err();
+        assert_eq!(e.map(|e| e.kind()), Some(ErrorKind::Remote));
         tx.withdraw(1, 2, &tx_inbox, t);
         // The pair stays in step: plain frames and descriptors go on.
         tx.send(1, &hdr(4, 5), b"hello", &tx_inbox, t).expect("send");
