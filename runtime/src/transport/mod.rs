@@ -281,6 +281,7 @@ impl Inbox {
     /// communicator's error (aborted, a member failed); the wait never outlasts `timeout`.
     pub fn take(&self, key: Key, timeout: Duration, status: &dyn Fn(&Health<'_>) -> Option<Error>) -> Result<Frame> {
         let deadline = Instant::now() + timeout;
+        let mut left_at: Option<Instant> = None;
         let mut st = self.lock();
         loop {
             if let Some(q) = st.queues.get_mut(&key) {
@@ -295,11 +296,17 @@ impl Inbox {
             if let Some(e) = status(&Health { failed: &st.failed, revoked: &st.revoked }) {
                 return Err(e);
             }
+            let mut until = deadline;
             if st.departed.contains(&key.src) {
-                return Err(Error::new(
-                    ErrorKind::Remote,
-                    format!("world rank {} closed its connection while this rank still expected data", key.src),
-                ));
+                // It may have left for a failure whose news is still on its way (NEWS_GRACE).
+                let grace_end = *left_at.get_or_insert_with(Instant::now) + NEWS_GRACE;
+                if Instant::now() >= grace_end {
+                    return Err(Error::new(
+                        ErrorKind::Remote,
+                        format!("world rank {} closed its connection while this rank still expected data", key.src),
+                    ));
+                }
+                until = until.min(grace_end);
             }
             let now = Instant::now();
             if now >= deadline {
@@ -309,7 +316,8 @@ impl Inbox {
                     timeout.as_millis()
                 )));
             }
-            st = self.changed.wait_timeout(st, deadline - now).map(|(g, _)| g).unwrap_or_else(|p| p.into_inner().0);
+            let wait = until.saturating_duration_since(now).max(Duration::from_millis(1));
+            st = self.changed.wait_timeout(st, wait).map(|(g, _)| g).unwrap_or_else(|p| p.into_inner().0);
         }
     }
 }

@@ -813,6 +813,7 @@ impl Shm {
         let mut backoff = Backoff::new(self.wait);
         let mut ended: Option<Error> = None;
         let mut withdrawn: Option<Instant> = None;
+        let mut left_at: Option<Instant> = None;
         loop {
             let g = inbox.generation();
             if g != gen {
@@ -843,8 +844,13 @@ impl Shm {
                     }
                 }
             }
-            if let Some(e) = ended {
-                return Err(e);
+            if let Some(e) = &ended {
+                // A peer that left on purpose may have left for a failure whose news is still on
+                // its way: that is the error to give, if it comes within NEWS_GRACE.
+                let departed = e.kind() == ErrorKind::Remote;
+                if !departed || left_at.get_or_insert_with(Instant::now).elapsed() >= super::NEWS_GRACE {
+                    return Err(e.clone());
+                }
             }
             if withdrawn.is_some_and(|t| t.elapsed() >= super::NEWS_GRACE) {
                 return Err(Error::new(
