@@ -79,6 +79,10 @@ fn main() {
         let mut dst = vec![0u8; size];
         let mut src = vec![0u8; size];
         let gbs = |secs: f64| size as f64 / secs / 1e9;
+        // Both buffers touched with data first: memcpy from never-written (calloc'd) memory
+        // reads the kernel's shared zero page from L1 and would report write bandwidth only.
+        fill(&mut src, DataType::Fp32, 1);
+        fill(&mut dst, DataType::Fp32, 2);
         let memcpy = gbs(time(budget, || black_box(&mut dst[..]).copy_from_slice(black_box(&src[..]))));
         println!("{:>10}  {:>12}  {memcpy:>9.2}  {:>8}  {:>9}", size, "memcpy", "100%", "100%");
         for &(dt, op) in kernels {
