@@ -158,6 +158,9 @@ pub fn isa() -> Isa {
     Isa::Baseline
 }
 
+/// Bytes per cache line on every x86-64 and Arm server core we run on.
+const CACHE_LINE: usize = 64;
+
 /// `d[i] = f(d[i], s[i])` for `i < n`: the one loop every kernel is made of.
 ///
 /// # Safety
@@ -165,6 +168,17 @@ pub fn isa() -> Isa {
 /// they may be equal but not otherwise overlap.
 #[inline(always)]
 unsafe fn zip_apply<T: Copy, F: Fn(T, T) -> T>(d: *mut T, s: *const T, n: usize, f: F) {
+    // Elements before `d` reaches a cache-line boundary go one at a time: a vector store that
+    // straddles two lines costs two (malloc's large blocks start 16 bytes past a page).
+    let size = std::mem::size_of::<T>();
+    let misaligned = d as usize % CACHE_LINE;
+    let head = if misaligned % size == 0 { ((CACHE_LINE - misaligned) % CACHE_LINE / size).min(n) } else { 0 };
+    for i in 0..head {
+        // SAFETY: i < head <= n, within both buffers per the caller.
+        unsafe { d.add(i).write_unaligned(f(d.add(i).read_unaligned(), s.add(i).read_unaligned())) }
+    }
+    // SAFETY: head <= n, so the rest lies within both buffers.
+    let (d, s, n) = unsafe { (d.add(head), s.add(head), n - head) };
     for i in 0..n {
         // SAFETY: i < n, within both buffers per the caller.
         unsafe { d.add(i).write_unaligned(f(d.add(i).read_unaligned(), s.add(i).read_unaligned())) }
