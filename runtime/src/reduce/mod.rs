@@ -172,7 +172,7 @@ unsafe fn zip_apply<T: Copy, F: Fn(T, T) -> T>(d: *mut T, s: *const T, n: usize,
     // straddles two lines costs two (malloc's large blocks start 16 bytes past a page).
     let size = std::mem::size_of::<T>();
     let misaligned = d as usize % CACHE_LINE;
-    let head = if misaligned % size == 0 { ((CACHE_LINE - misaligned) % CACHE_LINE / size).min(n) } else { 0 };
+    let head = if misaligned.is_multiple_of(size) { ((CACHE_LINE - misaligned) % CACHE_LINE / size).min(n) } else { 0 };
     for i in 0..head {
         // SAFETY: i < head <= n, within both buffers per the caller.
         unsafe { d.add(i).write_unaligned(f(d.add(i).read_unaligned(), s.add(i).read_unaligned())) }
