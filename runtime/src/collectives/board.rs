@@ -12,7 +12,7 @@
 //! recursive doubling instead; all ranks know the same verdict.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::Instant;
 
 use super::rhd::RD;
@@ -30,19 +30,18 @@ const TAG_VERDICT: u32 = TAG_NAME + 2;
 /// Bytes of the name message: its length, then the path.
 const NAME_MSG: usize = 128;
 
-enum Setup {
-    Pending,
-    Ready(Arc<Board>),
-    Off,
-}
-
 /// A communicator's board: whether it may have one, the turn counter, the board once made.
 pub(crate) struct BoardCell {
     usable: bool,
     /// HCCN_BOARD_BYTES.
     max_bytes: usize,
     turns: AtomicU64,
-    setup: Mutex<Setup>,
+    /// The board once turn 0 made it: read without a lock by every later operation (a lock or
+    /// a reference count taken per operation waits for the post's store to reach the other
+    /// cores, a fifth of a 4-byte allreduce).
+    board: OnceLock<Board>,
+    /// Whether turn 0 has decided (with or without a board); `decided` wakes its waiters.
+    setup_done: Mutex<bool>,
     decided: Condvar,
 }
 
@@ -55,7 +54,8 @@ impl BoardCell {
             max_bytes: max_bytes.min(BOARD_BYTES),
             usable: shared_host && shm && auto && (2..=BOARD_RANKS).contains(&n),
             turns: AtomicU64::new(0),
-            setup: Mutex::new(Setup::Pending),
+            board: OnceLock::new(),
+            setup_done: Mutex::new(false),
             decided: Condvar::new(),
         }
     }
@@ -77,22 +77,24 @@ impl BoardCell {
 
     /// False once the set-up failed: the board operations run recursive doubling.
     pub fn is_on(&self) -> bool {
-        !matches!(*self.setup.lock().unwrap_or_else(|p| p.into_inner()), Setup::Off)
+        self.board.get().is_some() || !*self.setup_done.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn decide(&self, board: Option<Board>) -> Option<Arc<Board>> {
-        let board = board.map(Arc::new);
-        let mut s = self.setup.lock().unwrap_or_else(|p| p.into_inner());
-        *s = match &board {
-            Some(b) => Setup::Ready(b.clone()),
-            None => Setup::Off,
-        };
+    fn decide(&self, board: Option<Board>) -> Option<&Board> {
+        if let Some(b) = board {
+            // Only turn 0 decides, once.
+            let _ = self.board.set(b);
+        }
+        *self.setup_done.lock().unwrap_or_else(|p| p.into_inner()) = true;
         self.decided.notify_all();
-        board
+        self.board.get()
     }
 
     /// The board for operation `turn`: turn 0 makes it, later turns wait for the verdict.
-    fn get(&self, ctx: &Ctx<'_>, turn: u64) -> Result<Option<Arc<Board>>> {
+    fn get(&self, ctx: &Ctx<'_>, turn: u64) -> Result<Option<&Board>> {
+        if let Some(b) = self.board.get() {
+            return Ok(Some(b));
+        }
         if turn == 0 {
             return match make(ctx) {
                 Ok(b) => Ok(self.decide(b)),
@@ -103,12 +105,10 @@ impl BoardCell {
             };
         }
         let deadline = Instant::now() + ctx.timeout();
-        let mut s = self.setup.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.setup_done.lock().unwrap_or_else(|p| p.into_inner());
         loop {
-            match &*s {
-                Setup::Ready(b) => return Ok(Some(b.clone())),
-                Setup::Off => return Ok(None),
-                Setup::Pending => {}
+            if *s {
+                return Ok(self.board.get());
             }
             // Turn 0 was submitted before this one, on this rank: it runs or is queued.
             let left = deadline.saturating_duration_since(Instant::now());
