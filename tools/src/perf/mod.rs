@@ -370,7 +370,8 @@ fn run(o: &Options) -> Result<bool, String> {
     if o.coll.rooted() && o.root >= n {
         return Err(format!("--root {} is not a rank of this {n}-rank job", o.root));
     }
-    let failed = |what: String| move |e: hccn_runtime::Error| format!("rank {me}: {what} failed: {e}");
+    // Takes the description by reference: the timed loop must not allocate per operation.
+    let failed = |what: &str, e: hccn_runtime::Error| format!("rank {me}: {what} failed: {e}");
     let checker = Checker::new(o.coll, o.dt, o.op, me, n, o.root);
     if me == 0 {
         header(o, n).iter().for_each(|l| emit(l));
@@ -392,18 +393,18 @@ fn run(o: &Options) -> Result<bool, String> {
         }
         let mut step = Step::new(o, layout, &checker).map_err(|e| format!("rank {me}: {what}: {e}"))?;
         for _ in 0..o.warmup {
-            step.run(o, &comm).map_err(failed(what.clone()))?;
+            step.run(o, &comm).map_err(|e| failed(&what, e))?;
         }
-        barrier(&comm).map_err(failed(format!("barrier before {what}")))?;
+        barrier(&comm).map_err(|e| failed(&format!("barrier before {what}"), e))?;
         let t0 = Instant::now();
         for _ in 0..o.iters {
-            step.run(o, &comm).map_err(failed(what.clone()))?;
+            step.run(o, &comm).map_err(|e| failed(&what, e))?;
         }
         let local_us = t0.elapsed().as_secs_f64() * 1e6 / f64::from(o.iters);
-        let us = max_over_ranks(&comm, local_us).map_err(failed("time reduction".into()))?;
+        let us = max_over_ranks(&comm, local_us).map_err(|e| failed("time reduction", e))?;
         let wrong = if o.check {
             let mine = checker.wrong(&step.recv, layout.count as usize);
-            Some(sum_over_ranks(&comm, mine).map_err(failed("wrong-count reduction".into()))?)
+            Some(sum_over_ranks(&comm, mine).map_err(|e| failed("wrong-count reduction", e))?)
         } else {
             None
         };
