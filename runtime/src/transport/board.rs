@@ -164,16 +164,24 @@ impl Board {
         needs_core: &dyn Fn(u32) -> bool,
         watch: &mut Watch<'_>,
     ) -> Result<()> {
+        if ready() {
+            return Ok(());
+        }
         let mut backoff = Backoff::new(self.wait);
         let mut spins = 0;
-        let mut mine = here();
-        self.say_cpu(mine);
+        // Only waiters that share cores look at where the others run.
+        let cpu_aware = self.wait.shares_cores();
+        let mut mine = u32::MAX;
+        if cpu_aware {
+            mine = here();
+            self.say_cpu(mine);
+        }
         loop {
             if ready() {
                 return Ok(());
             }
             (watch.quick)()?;
-            if self.wait.shares_cores() && spins < SPIN_LOOKS && !needs_core(mine) {
+            if cpu_aware && spins < SPIN_LOOKS && !needs_core(mine) {
                 spins += 1;
                 for _ in 0..16 {
                     std::hint::spin_loop();
@@ -181,8 +189,10 @@ impl Board {
                 continue;
             }
             let slept = backoff.snooze();
-            mine = here();
-            self.say_cpu(mine);
+            if cpu_aware {
+                mine = here();
+                self.say_cpu(mine);
+            }
             if slept {
                 (watch.stalled)()?;
                 let seen = self.futex().load(Ordering::SeqCst);
