@@ -27,8 +27,10 @@ use crate::types::{DataType, ReduceOp};
 pub(crate) const BOARD_BYTES: usize = 4096;
 /// Most ranks a board serves (its size grows with the ranks).
 pub(crate) const BOARD_RANKS: u32 = 64;
-/// Slots per rank: board operations that may be in flight at once on different streams.
-const TURNS: u64 = 4;
+/// Slots per rank: board operations that may be in flight at once on different streams. Seven
+/// fill a rank's line with its core and its folded turns; a writer who reads another rank's line
+/// learns enough for several turns to come (see `Board::known`).
+const TURNS: u64 = 7;
 const LINE: usize = 64;
 /// Payloads up to this size travel in the sequence word's cache line.
 const INLINE: usize = LINE - 8;
@@ -58,6 +60,10 @@ pub(crate) struct Board {
     n: u32,
     me: u32,
     wait: Wait,
+    /// The `folded` words of every rank as this process last read them (rank * TURNS + slot
+    /// index). They only grow, so a value seen here is still true: a writer reads a rank's line
+    /// again (a cache miss on the critical path) only when what it saw last is not enough.
+    known: Box<[AtomicU64]>,
 }
 
 // SAFETY: the mapping is shared memory accessed through atomics and through slots whose
@@ -79,7 +85,7 @@ impl Board {
         let len = board_bytes(n);
         let file = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(path)?;
         file.set_len(len as u64)?;
-        let board = Board { seg: Segment::map(&file, len)?, n, me, wait };
+        let board = Board::new(Segment::map(&file, len)?, n, me, wait);
         board.word64(0).store(MAGIC, Ordering::Release);
         Ok(board)
     }
@@ -95,11 +101,16 @@ impl Board {
         if have != len as u64 {
             return Err(std::io::Error::other(format!("board of {have} bytes where {len} were expected")));
         }
-        let board = Board { seg: Segment::map(&file, len)?, n, me, wait };
+        let board = Board::new(Segment::map(&file, len)?, n, me, wait);
         if board.word64(0).load(Ordering::Acquire) != MAGIC {
             return Err(std::io::Error::other("board not initialised"));
         }
         Ok(board)
+    }
+
+    fn new(seg: Segment, n: u32, me: u32, wait: Wait) -> Board {
+        let known = (0..n as usize * TURNS as usize).map(|_| AtomicU64::new(0)).collect();
+        Board { seg, n, me, wait, known }
     }
 
     fn at(&self, off: usize) -> *mut u8 {
@@ -205,6 +216,22 @@ impl Board {
         }
     }
 
+    /// Whether `rank` has folded the turn before `turn` with its slot index (`before` - 1), asking
+    /// the board only when what this process saw last says no.
+    fn has_folded(&self, rank: u32, turn: u64, before: u64) -> bool {
+        let row = rank as usize * TURNS as usize;
+        let known = &self.known[row + (turn % TURNS) as usize];
+        if known.load(Ordering::Acquire) >= before {
+            return true;
+        }
+        // One line holds all of the rank's words: take them all. Two threads refreshing at once
+        // may store an older value over a newer one; it is still true, and costs a later look.
+        for (t, k) in self.known[row..row + TURNS as usize].iter().enumerate() {
+            k.store(self.folded(rank, t as u64).load(Ordering::Acquire), Ordering::Release);
+        }
+        known.load(Ordering::Acquire) >= before
+    }
+
     /// Posts this rank's `data` for board operation `turn`, once every rank has folded what its
     /// slot held `TURNS` turns ago.
     pub fn post(&self, turn: u64, data: &[u8], watch: &mut Watch<'_>) -> Result<()> {
@@ -215,7 +242,7 @@ impl Board {
         let before = turn.checked_sub(TURNS).map_or(0, |t| t + 1);
         // No rank folds turn T + TURNS before every rank has folded T, so `folded` cannot have
         // passed `before` here.
-        let all_folded = || (0..self.n).all(|r| self.folded(r, turn).load(Ordering::Acquire) == before);
+        let all_folded = || (0..self.n).all(|r| self.has_folded(r, turn, before));
         let free = || self.seq(me, turn).load(Ordering::Acquire) == before && (before == 0 || all_folded());
         self.wait_until(&free, &|_| true, watch).map_err(|e| {
             let seq = self.seq(me, turn).load(Ordering::Relaxed);
