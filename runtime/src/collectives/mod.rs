@@ -254,6 +254,13 @@ pub(crate) trait Algorithm: Sync {
     fn reduce(&self, _ctx: &Ctx<'_>, _w: &mut ReduceArgs<'_>) -> Result<()> {
         Err(unsupported(self.name(), "reduce"))
     }
+    /// Allreduce (`w.root` is `None`) of `input` into `w.acc`, whose content on entry does not
+    /// matter (out of place). Algorithms that can combine the input as it arrives skip the copy
+    /// into `acc`, a whole pass over memory for large buffers.
+    fn allreduce_from(&self, ctx: &Ctx<'_>, input: &[u8], w: &mut ReduceArgs<'_>) -> Result<()> {
+        w.acc.copy_from_slice(input);
+        self.reduce(ctx, w)
+    }
     fn allreduce_compressed(&self, _ctx: &Ctx<'_>, _w: &mut CompressedArgs<'_>) -> Result<()> {
         Err(unsupported(self.name(), "allreduce_compressed"))
     }
@@ -397,6 +404,17 @@ unsafe fn run(ctx: &Ctx<'_>, work: &Work, algo: &dyn Algorithm) -> Result<()> {
         Work::Nothing => Ok(()),
         Work::Reduce { send, recv, bytes, dt, op, root } => {
             let owns_result = root.is_none_or(|r| r == me);
+            if root.is_none() && send != recv {
+                // Out of place: validation found the buffers disjoint.
+                // SAFETY: buffers per the contract stated above the match.
+                let (input, acc) = unsafe { (view(*send, *bytes), view_mut(*recv, *bytes)) };
+                let mut args = ReduceArgs { acc, dt: *dt, op: *op, root: None };
+                algo.allreduce_from(ctx, input, &mut args)?;
+                if *op == ReduceOp::Avg {
+                    reduce::finish_avg(args.acc, *dt, n);
+                }
+                return Ok(());
+            }
             let mut scratch = Vec::new();
             let acc: &mut [u8] = if owns_result {
                 // SAFETY: buffers per the contract stated above the match.

@@ -30,6 +30,12 @@ pub(super) trait Codec {
     fn encode<'a>(&self, chunk: &'a [u8]) -> Cow<'a, [u8]>;
     /// Stores the received `wire` bytes into `dst`, or combines them into it (`op = Some`).
     fn decode(&self, dst: &mut [u8], wire: &[u8], op: Option<ReduceOp>);
+    /// `dst = base op wire`: combines the received bytes with `base` (this rank's input, of
+    /// `dst`'s length) into `dst`, whatever `dst` held.
+    fn decode_onto(&self, dst: &mut [u8], base: &[u8], wire: &[u8], op: ReduceOp) {
+        dst.copy_from_slice(base);
+        self.decode(dst, wire, Some(op));
+    }
     /// Brings a segment that is fully reduced on its owner to what the other ranks will receive
     /// for it, so that all ranks end with the same bits.
     fn settle(&self, _segment: &mut [u8]) {}
@@ -56,6 +62,9 @@ impl Codec for Plain {
             Some(op) => reduce::reduce_into(dst, wire, self.0, op),
             None => dst.copy_from_slice(wire),
         }
+    }
+    fn decode_onto(&self, dst: &mut [u8], base: &[u8], wire: &[u8], op: ReduceOp) {
+        reduce::reduce_from(dst, base, wire, self.0, op);
     }
 }
 
@@ -86,10 +95,23 @@ fn split(buf: &mut [u8], out: Range<usize>, in_: Range<usize>) -> Result<(&[u8],
     Err(Error::internal(format!("ring step sends {out:?} while it receives {in_:?}")))
 }
 
+/// What a ring step does with the chunks it receives.
+#[derive(Clone, Copy)]
+enum Land<'a> {
+    /// Stored as they arrive (allgather).
+    Store,
+    /// Combined into the working buffer: `buf[in_] op= chunk`.
+    Reduce(ReduceOp),
+    /// Combined with this rank's `input` into the working buffer, `buf[in_] = input[in_] op
+    /// chunk`: an out-of-place allreduce, whose `buf` never receives a copy of the input. In the
+    /// first step (`send_input`) the outgoing chunks come from the input too.
+    ReduceInput { op: ReduceOp, input: &'a [u8], send_input: bool },
+}
+
 /// One ring step: send `buf[out]` to `next` and receive `in_` from `prev`, chunk by chunk;
-/// received chunks are reduced into `buf` (`op = Some`) or stored. Chunks go out as sends that
-/// complete later (the peer may read them straight from `buf`), all finished before the step
-/// returns: `out` does not change during its own step, and no peer reads it after.
+/// received chunks land as `land` says. Chunks go out as sends that complete later (the peer
+/// may read them straight from `buf`), all finished before the step returns: `out` does not
+/// change during its own step, and no peer reads it after.
 fn step(
     ctx: &Ctx<'_>,
     tag: u32,
@@ -97,12 +119,22 @@ fn step(
     out: Range<usize>,
     in_: Range<usize>,
     codec: &dyn Codec,
-    op: Option<ReduceOp>,
+    land: Land<'_>,
 ) -> Result<()> {
     let n = ctx.size();
     let (next, prev) = ((ctx.rank() + 1) % n, (ctx.rank() + n - 1) % n);
     let (k_out, k_in) = (ctx.nchunks(out.len()), ctx.nchunks(in_.len()));
-    let (src, dst_all) = split(buf, out, in_)?;
+    let (src, dst_all, base_all) = match land {
+        Land::ReduceInput { input, send_input: true, .. } => (&input[out], &mut buf[in_.clone()], &input[in_]),
+        Land::ReduceInput { input, .. } => {
+            let (src, dst) = split(buf, out, in_.clone())?;
+            (src, dst, &input[in_])
+        }
+        _ => {
+            let (src, dst) = split(buf, out, in_)?;
+            (src, dst, &[][..])
+        }
+    };
     let mut sends = Sends::default();
     for c in 0..k_out.max(k_in) {
         if c < k_out {
@@ -111,8 +143,9 @@ fn step(
         }
         if c < k_in {
             let r = ctx.chunk_range(dst_all.len(), c);
+            let base = base_all.get(r.clone()).unwrap_or(&[]);
             let dst = &mut dst_all[r];
-            if op.is_none() && codec.raw() {
+            if matches!(land, Land::Store) && codec.raw() {
                 // Stored as it arrives: a single-copy read lands in `dst` itself.
                 ctx.recv_into(prev, tag, dst)?;
                 continue;
@@ -126,7 +159,11 @@ fn step(
                     return;
                 }
                 let (a, b) = (o * len / wire, (o + piece.len()) * len / wire);
-                codec.decode(&mut dst[a..b], piece, op);
+                match land {
+                    Land::Store => codec.decode(&mut dst[a..b], piece, None),
+                    Land::Reduce(op) => codec.decode(&mut dst[a..b], piece, Some(op)),
+                    Land::ReduceInput { op, .. } => codec.decode_onto(&mut dst[a..b], &base[a..b], piece, op),
+                }
             })?;
         }
     }
@@ -134,10 +171,13 @@ fn step(
 }
 
 /// Reduce-scatter phase over `buf` split into `segs`: afterwards this rank holds the fully
-/// reduced segment `(rank + 1 - shift) % n`. Returns the next free tag.
+/// reduced segment `(rank + 1 - shift) % n`. Returns the next free tag. With `input`, `buf`
+/// need not hold the contribution (see [`Land::ReduceInput`]): every segment is received once,
+/// and every one sent after the first step is one received in the step before.
 fn reduce_scatter_phase(
     ctx: &Ctx<'_>,
     buf: &mut [u8],
+    input: Option<&[u8]>,
     segs: &[Range<usize>],
     shift: u32,
     codec: &dyn Codec,
@@ -148,23 +188,40 @@ fn reduce_scatter_phase(
     for s in 0..n - 1 {
         let out = segs[((r + 2 * n - s) % n) as usize].clone();
         let in_ = segs[((r + 2 * n - s - 1) % n) as usize].clone();
-        step(ctx, s, buf, out, in_, codec, Some(op))?;
+        let land = match input {
+            Some(input) => Land::ReduceInput { op, input, send_input: s == 0 },
+            None => Land::Reduce(op),
+        };
+        step(ctx, s, buf, out, in_, codec, land)?;
     }
     Ok(n - 1)
 }
 
-/// Allreduce of `buf` (this rank's contribution on entry, the result on return): reduce-scatter,
-/// then the owner of each segment settles it and the segments circulate.
-pub(super) fn allreduce(ctx: &Ctx<'_>, buf: &mut [u8], codec: &dyn Codec, op: ReduceOp) -> Result<()> {
+/// Allreduce into `buf` of this rank's contribution, which is `input` or, without it, `buf`
+/// itself on entry: reduce-scatter, then the owner of each segment settles it and the segments
+/// circulate. With `input`, the reduce-scatter writes every segment but this rank's first one
+/// (sent from `input`) before reading it, and the allgather writes that one, so `buf` is never
+/// copied into first.
+pub(super) fn allreduce(
+    ctx: &Ctx<'_>,
+    buf: &mut [u8],
+    input: Option<&[u8]>,
+    codec: &dyn Codec,
+    op: ReduceOp,
+) -> Result<()> {
     let n = ctx.size();
     let r = ctx.rank();
+    if let Some(i) = input.filter(|_| n == 1) {
+        buf.copy_from_slice(i);
+    }
+    let input = input.filter(|i| n > 1 && i.len() == buf.len());
     let segs = segments(buf.len(), codec.esize(), n);
-    let first = reduce_scatter_phase(ctx, buf, &segs, 0, codec, op)?;
+    let first = reduce_scatter_phase(ctx, buf, input, &segs, 0, codec, op)?;
     codec.settle(&mut buf[segs[((r + 1) % n) as usize].clone()]);
     for s in 0..n - 1 {
         let out = segs[((r + 1 + n - s) % n) as usize].clone();
         let in_ = segs[((r + n - s) % n) as usize].clone();
-        step(ctx, first + s, buf, out, in_, codec, None)?;
+        step(ctx, first + s, buf, out, in_, codec, Land::Store)?;
     }
     Ok(())
 }
@@ -175,7 +232,11 @@ impl Algorithm for Ring {
     }
 
     fn reduce(&self, ctx: &Ctx<'_>, w: &mut ReduceArgs<'_>) -> Result<()> {
-        allreduce(ctx, w.acc, &Plain(w.dt), w.op)
+        allreduce(ctx, w.acc, None, &Plain(w.dt), w.op)
+    }
+
+    fn allreduce_from(&self, ctx: &Ctx<'_>, input: &[u8], w: &mut ReduceArgs<'_>) -> Result<()> {
+        allreduce(ctx, w.acc, Some(input), &Plain(w.dt), w.op)
     }
 
     fn reduce_scatter(&self, ctx: &Ctx<'_>, w: &mut ReduceScatterArgs<'_>) -> Result<()> {
@@ -184,7 +245,7 @@ impl Algorithm for Ring {
         let segs: Vec<Range<usize>> = (0..n as usize).map(|i| i * w.block_bytes..(i + 1) * w.block_bytes).collect();
         if n > 1 {
             // Shift by one so that the segment this rank ends with is its own.
-            reduce_scatter_phase(ctx, &mut work, &segs, 1, &Plain(w.dt), w.op)?;
+            reduce_scatter_phase(ctx, &mut work, None, &segs, 1, &Plain(w.dt), w.op)?;
         }
         w.out.copy_from_slice(&work[segs[ctx.rank() as usize].clone()]);
         Ok(())
@@ -198,7 +259,7 @@ impl Algorithm for Ring {
         for s in 0..n - 1 {
             let out = w.blocks[((r + n - s) % n) as usize].clone();
             let in_ = w.blocks[((r + 2 * n - s - 1) % n) as usize].clone();
-            step(ctx, s, w.recv, out, in_, &plain, None)?;
+            step(ctx, s, w.recv, out, in_, &plain, Land::Store)?;
         }
         Ok(())
     }

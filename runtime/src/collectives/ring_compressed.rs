@@ -44,6 +44,6 @@ impl Algorithm for CompressedRing {
     }
 
     fn allreduce_compressed(&self, ctx: &Ctx<'_>, w: &mut CompressedArgs<'_>) -> Result<()> {
-        ring::allreduce(ctx, w.acc, &Narrow(w.wire), w.op)
+        ring::allreduce(ctx, w.acc, None, &Narrow(w.wire), w.op)
     }
 }

@@ -385,6 +385,22 @@ pub fn reduce_into(dst: &mut [u8], src: &[u8], dt: DataType, op: ReduceOp) {
     }
 }
 
+/// Bytes per block of [`reduce_from`]: small enough that the block stays in L1 between its copy
+/// and its reduction, a multiple of every element size.
+const FROM_BLOCK: usize = 8 << 10;
+
+/// `dst[i] = a[i] op b[i]` for every whole element of the shortest buffer: the same bits as
+/// copying `a` into `dst` then [`reduce_into`] with `b`, without a pass over memory for the
+/// copy (an out-of-place allreduce combines the caller's input with what arrives straight into
+/// the output).
+pub fn reduce_from(dst: &mut [u8], a: &[u8], b: &[u8], dt: DataType, op: ReduceOp) {
+    let n = dst.len().min(a.len()).min(b.len()) / dt.size() * dt.size();
+    for ((d, a), b) in dst[..n].chunks_mut(FROM_BLOCK).zip(a[..n].chunks(FROM_BLOCK)).zip(b[..n].chunks(FROM_BLOCK)) {
+        d.copy_from_slice(a);
+        reduce_into(d, b, dt, op);
+    }
+}
+
 /// The element-at-a-time reference the kernels must match bit for bit (tests and the kernel
 /// benchmark check against it).
 pub fn reduce_into_scalar(dst: &mut [u8], src: &[u8], dt: DataType, op: ReduceOp) {
@@ -591,6 +607,24 @@ mod tests {
                     bad.map(|i| &got[i * es..][..es]),
                     bad.map(|i| &want[i * es..][..es])
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn reduce_from_gives_the_bits_of_copy_then_reduce() {
+        for dt in [DataType::Fp32, DataType::Fp16, DataType::Bf16, DataType::Int8, DataType::Fp64] {
+            for len in [0usize, 3, 4096, FROM_BLOCK + 10, 3 * FROM_BLOCK + 6] {
+                let (a, b) = (noise(len, 1), noise(len, 2));
+                for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Prod] {
+                    let mut want = a.clone();
+                    reduce_into(&mut want, &b, dt, op);
+                    let mut got = vec![0xa5u8; len];
+                    reduce_from(&mut got, &a, &b, dt, op);
+                    let whole = len / dt.size() * dt.size();
+                    assert!(same(dt, &got[..whole], &want[..whole]), "{dt:?} {op:?} {len}");
+                    assert!(got[whole..].iter().all(|&x| x == 0xa5), "{dt:?} {len}: bytes past the last element");
+                }
             }
         }
     }
