@@ -282,6 +282,19 @@ impl<'a> Ctx<'a> {
         self.recv_traced(from, tag, dst.len(), Out::Into(dst))
     }
 
+    /// Receives into `dst` (a single-copy read lands there directly), handing each piece that
+    /// has landed and its offset to `then` while it is still in cache.
+    pub fn recv_into_then(
+        &self,
+        from: u32,
+        tag: u32,
+        dst: &mut [u8],
+        then: &mut dyn FnMut(&mut [u8], usize),
+    ) -> Result<()> {
+        let len = dst.len();
+        self.recv_traced(from, tag, len, Out::IntoThen(dst, then))
+    }
+
     pub fn recv_reduce(&self, from: u32, tag: u32, dst: &mut [u8], dt: DataType, op: ReduceOp) -> Result<()> {
         let len = dst.len();
         self.recv_with(from, tag, len, &mut |off, piece| {

@@ -36,6 +36,11 @@ pub(super) trait Codec {
         dst.copy_from_slice(base);
         self.decode(dst, wire, Some(op));
     }
+    /// `dst = base op dst` for a chunk that travelled raw (see `raw`) and landed in `dst`.
+    fn combine_landed(&self, dst: &mut [u8], base: &[u8], op: ReduceOp) {
+        let landed = dst.to_vec();
+        self.decode_onto(dst, base, &landed, op);
+    }
     /// Brings a segment that is fully reduced on its owner to what the other ranks will receive
     /// for it, so that all ranks end with the same bits.
     fn settle(&self, _segment: &mut [u8]) {}
@@ -65,6 +70,9 @@ impl Codec for Plain {
     }
     fn decode_onto(&self, dst: &mut [u8], base: &[u8], wire: &[u8], op: ReduceOp) {
         reduce::reduce_from(dst, base, wire, self.0, op);
+    }
+    fn combine_landed(&self, dst: &mut [u8], base: &[u8], op: ReduceOp) {
+        reduce::reduce_onto(dst, base, self.0, op);
     }
 }
 
@@ -145,10 +153,22 @@ fn step(
             let r = ctx.chunk_range(dst_all.len(), c);
             let base = base_all.get(r.clone()).unwrap_or(&[]);
             let dst = &mut dst_all[r];
-            if matches!(land, Land::Store) && codec.raw() {
-                // Stored as it arrives: a single-copy read lands in `dst` itself.
-                ctx.recv_into(prev, tag, dst)?;
-                continue;
+            match land {
+                Land::Store if codec.raw() => {
+                    // Stored as it arrives: a single-copy read lands in `dst` itself.
+                    ctx.recv_into(prev, tag, dst)?;
+                    continue;
+                }
+                Land::ReduceInput { op, .. } if codec.raw() => {
+                    // Lands in `dst` (a single-copy read with no stop on the way), then each
+                    // piece is combined with the input while in cache: `dst` is written once,
+                    // by the copy, and never read from memory first.
+                    ctx.recv_into_then(prev, tag, dst, &mut |landed, off| {
+                        codec.combine_landed(landed, &base[off..off + landed.len()], op)
+                    })?;
+                    continue;
+                }
+                _ => {}
             }
             let wire = codec.wire_len(dst.len());
             // Decode each piece where it lies (in shared memory, for a local peer): a piece

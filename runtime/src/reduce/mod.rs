@@ -401,6 +401,24 @@ pub fn reduce_from(dst: &mut [u8], a: &[u8], b: &[u8], dt: DataType, op: ReduceO
     }
 }
 
+/// `dst[i] = base[i] op dst[i]` for every whole element of the shorter buffer: for a received
+/// buffer that landed in `dst` and must be combined with this rank's `base` as [`reduce_from`]
+/// does. Sums and products commute (up to a NaN's payload, which the compiler does not keep
+/// either); float MAX and MIN keep the operand order, which decides the sign of a zero.
+pub fn reduce_onto(dst: &mut [u8], base: &[u8], dt: DataType, op: ReduceOp) {
+    if !(dt.is_float() && matches!(op, ReduceOp::Max | ReduceOp::Min)) {
+        return reduce_into(dst, base, dt, op);
+    }
+    // Set dst's block aside in L1, put `base` in its place and combine.
+    let mut kept = [0u8; FROM_BLOCK];
+    for (d, b) in dst.chunks_mut(FROM_BLOCK).zip(base.chunks(FROM_BLOCK)) {
+        let n = d.len().min(b.len());
+        kept[..n].copy_from_slice(&d[..n]);
+        d[..n].copy_from_slice(&b[..n]);
+        reduce_into(&mut d[..n], &kept[..n], dt, op);
+    }
+}
+
 /// The element-at-a-time reference the kernels must match bit for bit (tests and the kernel
 /// benchmark check against it).
 pub fn reduce_into_scalar(dst: &mut [u8], src: &[u8], dt: DataType, op: ReduceOp) {
@@ -625,6 +643,33 @@ mod tests {
                     assert!(same(dt, &got[..whole], &want[..whole]), "{dt:?} {op:?} {len}");
                     assert!(got[whole..].iter().all(|&x| x == 0xa5), "{dt:?} {len}: bytes past the last element");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn reduce_onto_matches_base_then_reduce_even_for_special_values() {
+        for dt in [DataType::Fp32, DataType::Fp16, DataType::Bf16, DataType::Int8, DataType::Fp64, DataType::Uint64] {
+            let sp = specials(dt);
+            let es = dt.size();
+            // Every ordered pair of special values, then noise over several blocks.
+            let k = sp.len() / es;
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for i in 0..k {
+                for j in 0..k {
+                    a.extend_from_slice(&sp[i * es..(i + 1) * es]);
+                    b.extend_from_slice(&sp[j * es..(j + 1) * es]);
+                }
+            }
+            a.extend(noise(3 * FROM_BLOCK + 8, 5));
+            b.extend(noise(3 * FROM_BLOCK + 8, 6));
+            let whole = a.len() / es * es;
+            for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod] {
+                let mut want = a.clone();
+                reduce_into(&mut want, &b, dt, op);
+                let mut got = b.clone();
+                reduce_onto(&mut got, &a, dt, op);
+                assert!(same(dt, &got[..whole], &want[..whole]), "{dt:?} {op:?}");
             }
         }
     }

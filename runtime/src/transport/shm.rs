@@ -534,6 +534,9 @@ pub(crate) enum Out<'a> {
     /// Into a buffer of the frame's length (checked by `check`), where a single-copy read lands
     /// directly.
     Into(&'a mut [u8]),
+    /// Into a buffer as `Into`, then each piece that has landed, with its offset, to a function
+    /// while it is still in cache (a reduction that reads it once more).
+    IntoThen(&'a mut [u8], &'a mut dyn FnMut(&mut [u8], usize)),
 }
 
 impl Sink<'_, '_> {
@@ -544,6 +547,12 @@ impl Sink<'_, '_> {
             Out::Into(buf) => {
                 if let Some(dst) = buf.get_mut(off..off + bytes.len()) {
                     dst.copy_from_slice(bytes);
+                }
+            }
+            Out::IntoThen(buf, then) => {
+                if let Some(dst) = buf.get_mut(off..off + bytes.len()) {
+                    dst.copy_from_slice(bytes);
+                    then(dst, off);
                 }
             }
         }
@@ -1070,6 +1079,21 @@ fn cma_take(p: &ShmPeer, st: &mut RxState, src: u32, d: Desc, inbox: &Inbox, out
     let r = match out {
         Out::Into(buf) => match buf.get_mut(..total) {
             Some(dst) => cma_read(pid, d.addr, dst),
+            None => Err(std::io::Error::other("a frame longer than its buffer")),
+        },
+        // Piece by piece, so that each is still in cache when `then` reads it.
+        Out::IntoThen(buf, then) => match buf.get_mut(..total) {
+            Some(dst) => {
+                let mut r = Ok(());
+                for (i, piece) in dst.chunks_mut(CMA_PIECE).enumerate() {
+                    r = cma_read(pid, d.addr + (i * CMA_PIECE) as u64, piece);
+                    if r.is_err() {
+                        break;
+                    }
+                    then(piece, i * CMA_PIECE);
+                }
+                r
+            }
             None => Err(std::io::Error::other("a frame longer than its buffer")),
         },
         Out::Pieces(piece) => {
