@@ -630,6 +630,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "tens of thousands of elements: minutes under Miri; safe code over the kernels it checks"
+    )]
     fn reduce_from_gives_the_bits_of_copy_then_reduce() {
         for dt in [DataType::Fp32, DataType::Fp16, DataType::Bf16, DataType::Int8, DataType::Fp64] {
             for len in [0usize, 3, 4096, FROM_BLOCK + 10, 3 * FROM_BLOCK + 6] {
@@ -648,6 +652,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "tens of thousands of elements: minutes under Miri; safe code over the kernels it checks"
+    )]
     fn reduce_onto_matches_base_then_reduce_even_for_special_values() {
         for dt in [DataType::Fp32, DataType::Fp16, DataType::Bf16, DataType::Int8, DataType::Fp64, DataType::Uint64] {
             let sp = specials(dt);
