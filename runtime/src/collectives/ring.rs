@@ -231,10 +231,15 @@ pub(super) fn allreduce(
 ) -> Result<()> {
     let n = ctx.size();
     let r = ctx.rank();
-    if let Some(i) = input.filter(|_| n == 1) {
-        buf.copy_from_slice(i);
+    if let Some(i) = input {
+        if i.len() != buf.len() {
+            return Err(Error::internal(format!("ring allreduce of {} input bytes into {}", i.len(), buf.len())));
+        }
+        if n == 1 {
+            buf.copy_from_slice(i);
+        }
     }
-    let input = input.filter(|i| n > 1 && i.len() == buf.len());
+    let input = input.filter(|_| n > 1);
     let segs = segments(buf.len(), codec.esize(), n);
     let first = reduce_scatter_phase(ctx, buf, input, &segs, 0, codec, op)?;
     codec.settle(&mut buf[segs[((r + 1) % n) as usize].clone()]);
