@@ -11,8 +11,9 @@
 //! folded (itself included). A writer waits until every rank has folded what its slot held
 //! `TURNS` turns ago, so no rank overwrites a buffer that another has yet to fold; a reader waits
 //! for the sequence word. Every line has a single writer: no atomic read-modify-write on a line
-//! that all ranks share (a shared read count took a fifth of a 4-byte allreduce's time). Waits spin or yield as the rings do
-//! (see shm.rs), then sleep on the board's futex, woken by writes and reads.
+//! that all ranks share (a shared read count took a fifth of a 4-byte allreduce's time). Waits
+//! spin or yield as the rings do (see shm.rs), then sleep on the board's futex, woken by writes
+//! and folds.
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt;
