@@ -11,6 +11,7 @@ pub mod fusion;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod log;
+pub mod mem;
 pub mod reduce;
 pub mod rendezvous;
 pub mod stream;

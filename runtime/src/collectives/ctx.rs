@@ -9,7 +9,7 @@ use crate::comm::CommInner;
 use crate::error::{Error, ErrorKind, Result};
 use crate::reduce;
 use crate::trace;
-use crate::transport::shm::{Out, Sink};
+use crate::transport::shm::{Out, Sink, WritePiece};
 use crate::transport::Key;
 use crate::types::{DataType, ReduceOp};
 use crate::wire::{FrameHeader, FrameKind};
@@ -282,15 +282,10 @@ impl<'a> Ctx<'a> {
         self.recv_traced(from, tag, dst.len(), Out::Into(dst))
     }
 
-    /// Receives into `dst` (a single-copy read lands there directly), handing each piece that
-    /// has landed and its offset to `then` while it is still in cache.
-    pub fn recv_into_then(
-        &self,
-        from: u32,
-        tag: u32,
-        dst: &mut [u8],
-        then: &mut dyn FnMut(&mut [u8], usize),
-    ) -> Result<()> {
+    /// Receives into `dst` through `then`, which writes each piece of `dst` from the payload
+    /// bytes where they lie, or, given `None`, from what a single-copy read landed in the piece
+    /// (see [`Out::IntoThen`]).
+    pub fn recv_into_then(&self, from: u32, tag: u32, dst: &mut [u8], then: &mut WritePiece<'_>) -> Result<()> {
         let len = dst.len();
         self.recv_traced(from, tag, len, Out::IntoThen(dst, then))
     }

@@ -160,11 +160,15 @@ fn step(
                     continue;
                 }
                 Land::ReduceInput { op, .. } if codec.raw() => {
-                    // Lands in `dst` (a single-copy read with no stop on the way), then each
-                    // piece is combined with the input while in cache: `dst` is written once,
-                    // by the copy, and never read from memory first.
-                    ctx.recv_into_then(prev, tag, dst, &mut |landed, off| {
-                        codec.combine_landed(landed, &base[off..off + landed.len()], op)
+                    // Combined with the input where the chunk lies (a ring slot, the sender's
+                    // mapped buffer) or, after a single-copy read, where it landed in `dst`,
+                    // piece by piece in cache: `dst` is written once and never read first.
+                    ctx.recv_into_then(prev, tag, dst, &mut |dst, wire, off| {
+                        let base = &base[off..off + dst.len()];
+                        match wire {
+                            Some(wire) => codec.decode_onto(dst, base, wire, op),
+                            None => codec.combine_landed(dst, base, op),
+                        }
                     })?;
                     continue;
                 }

@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 use super::{Frame, Health, Inbox, Key};
 use crate::config::{Config, Transport, MAX_CHUNK_BYTES};
 use crate::error::{Error, ErrorKind, Result};
+use crate::mem::{PeerMaps, RegionRef};
 use crate::wire::{self, FrameHeader, FrameKind, HEADER_LEN};
 
 /// Payload bytes per slot; a multiple of 16 so that pieces of a frame never split an element.
@@ -73,8 +74,6 @@ const FIRST: u8 = 1;
 /// The slot holds a descriptor ([`Desc`]): the payload stays in the sender's memory and the
 /// receiver reads it with process_vm_readv.
 const CMA: u8 = 2;
-/// Bytes of an encoded [`Desc`].
-const DESC_LEN: usize = 24;
 /// Largest piece the receiver reads with one process_vm_readv into its scratch buffer: small
 /// enough to stay in cache while the sink reduces it; a multiple of 16.
 const CMA_PIECE: usize = 256 << 10;
@@ -372,28 +371,42 @@ impl Wait {
     }
 }
 
-/// What a descriptor slot carries: where the payload lies in the sender's memory, and the
-/// descriptor's number in its direction (both sides count them, so a lost or repeated one shows).
+/// What a descriptor slot carries: where the payload lies in the sender's memory, the
+/// descriptor's number in its direction (both sides count them, so a lost or repeated one shows),
+/// and the shareable region that holds the payload, if one does (see `mem.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Desc {
     addr: u64,
     len: u64,
     index: u64,
+    region: Option<RegionRef>,
 }
 
 impl Desc {
-    fn encode(&self) -> [u8; DESC_LEN] {
-        let mut b = [0u8; DESC_LEN];
-        b[0..8].copy_from_slice(&self.addr.to_le_bytes());
-        b[8..16].copy_from_slice(&self.len.to_le_bytes());
-        b[16..24].copy_from_slice(&self.index.to_le_bytes());
-        b
+    /// Encoded length, without and with a region.
+    const PLAIN: usize = 24;
+    const IN_REGION: usize = Self::PLAIN + RegionRef::WORDS * 8;
+
+    fn encode(&self, b: &mut [u8; Desc::IN_REGION]) -> usize {
+        let words = [self.addr, self.len, self.index].into_iter().chain(self.region.iter().flat_map(|r| r.words()));
+        let mut n = 0;
+        for w in words {
+            b[n..n + 8].copy_from_slice(&w.to_le_bytes());
+            n += 8;
+        }
+        n
     }
     fn decode(b: &[u8]) -> Option<Desc> {
-        let b: &[u8; DESC_LEN] = b.try_into().ok()?;
-        let word =
-            |i: usize| u64::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3], b[i + 4], b[i + 5], b[i + 6], b[i + 7]]);
-        Some(Desc { addr: word(0), len: word(8), index: word(16) })
+        if b.len() != Self::PLAIN && b.len() != Self::IN_REGION {
+            return None;
+        }
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(w)
+        };
+        let region = (b.len() == Self::IN_REGION).then(|| RegionRef::from_words(std::array::from_fn(|i| word(3 + i))));
+        Some(Desc { addr: word(0), len: word(1), index: word(2), region })
     }
 }
 
@@ -469,6 +482,8 @@ struct RxState {
     cma_next: u64,
     /// Where descriptor payloads are read to, piece by piece (allocated at the first one).
     scratch: Vec<u8>,
+    /// The peer's shareable regions mapped here, read without a system call.
+    maps: PeerMaps,
 }
 
 /// The producer's side of a ring, held while writing a frame.
@@ -534,10 +549,17 @@ pub(crate) enum Out<'a> {
     /// Into a buffer of the frame's length (checked by `check`), where a single-copy read lands
     /// directly.
     Into(&'a mut [u8]),
-    /// Into a buffer as `Into`, then each piece that has landed, with its offset, to a function
-    /// while it is still in cache (a reduction that reads it once more).
-    IntoThen(&'a mut [u8], &'a mut dyn FnMut(&mut [u8], usize)),
+    /// Into a buffer of the frame's length, piece by piece through a function that writes the
+    /// piece of the buffer at an offset: `f(dst, Some(bytes), off)` where the payload bytes lie
+    /// in memory this process can read (a ring slot, a peer's mapped region), `f(dst, None, off)`
+    /// where they have landed in `dst` already (a single-copy read), while still in cache. A
+    /// reduction thus writes `dst` once and never reads it from memory first.
+    IntoThen(&'a mut [u8], &'a mut WritePiece<'a>),
 }
+
+/// Writes the piece `dst` of a buffer at an offset, from the payload bytes where they lie or
+/// (`None`) from what has landed in `dst` (see [`Out::IntoThen`]).
+pub(crate) type WritePiece<'a> = dyn FnMut(&mut [u8], Option<&[u8]>, usize) + 'a;
 
 impl Sink<'_, '_> {
     /// Hands over the payload bytes at `off`.
@@ -551,8 +573,7 @@ impl Sink<'_, '_> {
             }
             Out::IntoThen(buf, then) => {
                 if let Some(dst) = buf.get_mut(off..off + bytes.len()) {
-                    dst.copy_from_slice(bytes);
-                    then(dst, off);
+                    then(dst, Some(bytes), off);
                 }
             }
         }
@@ -655,14 +676,16 @@ impl Shm {
         let head = hdr.encode();
         let mut tx = p.tx_lock.lock().unwrap_or_else(|e| e.into_inner());
         let tx = &mut *tx;
-        let d = Desc { addr: payload.as_ptr() as u64, len: payload.len() as u64, index: tx.posted };
+        let region = if desc { crate::mem::find(payload.as_ptr() as usize, payload.len()) } else { None };
+        let d = Desc { addr: payload.as_ptr() as u64, len: payload.len() as u64, index: tx.posted, region };
         if desc {
             // Visible to the reader with the slot (published with Release). The state of
             // descriptor `index - CMA_STATES` is free: that one was acknowledged (see CMA_STATES).
             p.tx.cma_state(d.index).store(d.index << 2 | POSTED, Ordering::Relaxed);
         }
-        let encoded = d.encode();
-        let (payload, flags) = if desc { (&encoded[..], CMA) } else { (payload, 0) };
+        let mut encoded = [0u8; Desc::IN_REGION];
+        let n = d.encode(&mut encoded);
+        let (payload, flags) = if desc { (&encoded[..n], CMA) } else { (payload, 0) };
         let ring = &p.tx;
         let mut n = ring.head().load(Ordering::Relaxed);
         let mut off = 0usize;
@@ -1062,8 +1085,10 @@ fn descriptor(p: &ShmPeer, st: &RxState, t: u64, len: usize, hdr: &FrameHeader) 
 }
 
 /// Reads descriptor `d`'s payload from `src`'s memory straight into `out`'s buffer, or in pieces
-/// through the scratch buffer to `out`'s function, then acknowledges it, whatever the outcome.
-/// False when the sender had withdrawn it (nothing was read).
+/// to `out`'s function, then acknowledges it, whatever the outcome: with plain loads when it lies
+/// in a region of shareable memory this process has mapped, else with `process_vm_readv`
+/// (through the scratch buffer for a function). False when the sender had withdrawn it (nothing
+/// was read).
 fn cma_take(p: &ShmPeer, st: &mut RxState, src: u32, d: Desc, inbox: &Inbox, out: &mut Out<'_>) -> Result<bool> {
     let Some(pid) = p.cma_pid else { return Err(Error::internal("no single-copy path")) };
     let ring = &p.rx;
@@ -1076,46 +1101,80 @@ fn cma_take(p: &ShmPeer, st: &mut RxState, src: u32, d: Desc, inbox: &Inbox, out
         }
     }
     let total = d.len as usize;
-    let r = match out {
+    let r = match d.region {
+        Some(region) => match st.maps.view(pid, &region, d.addr, total) {
+            Ok(Some(mapped)) => {
+                take_mapped(mapped, out);
+                Ok(())
+            }
+            Ok(None) => take_cma(pid, d.addr, total, &mut st.scratch, out),
+            Err(e) => {
+                ring.acknowledge(d.index);
+                return Err(e.context(format!("world rank {src}")));
+            }
+        },
+        None => take_cma(pid, d.addr, total, &mut st.scratch, out),
+    };
+    ring.acknowledge(d.index);
+    r.map(|_| true).map_err(|e| cma_error(src, &e, inbox))
+}
+
+/// Hands a payload mapped into this process to `out`, piece by piece where a piece is then read
+/// again (so that it is still in cache).
+fn take_mapped(src: &[u8], out: &mut Out<'_>) {
+    match out {
+        Out::Into(buf) => {
+            if let Some(dst) = buf.get_mut(..src.len()) {
+                dst.copy_from_slice(src);
+            }
+        }
+        Out::IntoThen(buf, then) => {
+            if let Some(dst) = buf.get_mut(..src.len()) {
+                for (i, (d, s)) in dst.chunks_mut(CMA_PIECE).zip(src.chunks(CMA_PIECE)).enumerate() {
+                    then(d, Some(s), i * CMA_PIECE);
+                }
+            }
+        }
+        Out::Pieces(piece) => {
+            for (i, s) in src.chunks(CMA_PIECE).enumerate() {
+                piece(i * CMA_PIECE, s);
+            }
+        }
+    }
+}
+
+/// Reads `total` bytes at `addr` in process `pid` into `out` with `process_vm_readv`.
+fn take_cma(pid: i32, addr: u64, total: usize, scratch: &mut Vec<u8>, out: &mut Out<'_>) -> std::io::Result<()> {
+    match out {
         Out::Into(buf) => match buf.get_mut(..total) {
-            Some(dst) => cma_read(pid, d.addr, dst),
+            Some(dst) => cma_read(pid, addr, dst),
             None => Err(std::io::Error::other("a frame longer than its buffer")),
         },
         // Piece by piece, so that each is still in cache when `then` reads it.
         Out::IntoThen(buf, then) => match buf.get_mut(..total) {
             Some(dst) => {
-                let mut r = Ok(());
                 for (i, piece) in dst.chunks_mut(CMA_PIECE).enumerate() {
-                    r = cma_read(pid, d.addr + (i * CMA_PIECE) as u64, piece);
-                    if r.is_err() {
-                        break;
-                    }
-                    then(piece, i * CMA_PIECE);
+                    cma_read(pid, addr + (i * CMA_PIECE) as u64, piece)?;
+                    then(piece, None, i * CMA_PIECE);
                 }
-                r
+                Ok(())
             }
             None => Err(std::io::Error::other("a frame longer than its buffer")),
         },
         Out::Pieces(piece) => {
-            if st.scratch.is_empty() {
-                st.scratch = vec![0u8; CMA_PIECE];
+            if scratch.is_empty() {
+                *scratch = vec![0u8; CMA_PIECE];
             }
             let mut off = 0;
-            let mut r = Ok(());
             while off < total {
                 let n = (total - off).min(CMA_PIECE);
-                r = cma_read(pid, d.addr + off as u64, &mut st.scratch[..n]);
-                if r.is_err() {
-                    break;
-                }
-                piece(off, &st.scratch[..n]);
+                cma_read(pid, addr + off as u64, &mut scratch[..n])?;
+                piece(off, &scratch[..n]);
                 off += n;
             }
-            r
+            Ok(())
         }
-    };
-    ring.acknowledge(d.index);
-    r.map(|_| true).map_err(|e| cma_error(src, &e, inbox))
+    }
 }
 
 /// Offers and accepts shared memory on a freshly authenticated socket, before its reader
@@ -1277,10 +1336,16 @@ mod tests {
 
     #[test]
     fn descriptors_round_trip_and_other_lengths_are_refused() {
-        let d = Desc { addr: 0x7fff_1234_5670, len: (1 << 20) + 12, index: 41 };
-        assert_eq!(Desc::decode(&d.encode()), Some(d));
-        assert_eq!(Desc::decode(&d.encode()[..DESC_LEN - 1]), None);
-        assert_eq!(Desc::decode(&[0u8; DESC_LEN + 1]), None);
+        let region = RegionRef { id: 3, fd: 17, ino: 99, base: 0x7fff_1234_0000, len: 1 << 21, frees: 2 };
+        for region in [None, Some(region)] {
+            let d = Desc { addr: 0x7fff_1234_5670, len: (1 << 20) + 12, index: 41, region };
+            let mut b = [0u8; Desc::IN_REGION];
+            let n = d.encode(&mut b);
+            assert_eq!(n, if region.is_some() { Desc::IN_REGION } else { Desc::PLAIN });
+            assert_eq!(Desc::decode(&b[..n]), Some(d));
+            assert_eq!(Desc::decode(&b[..n - 1]), None);
+        }
+        assert_eq!(Desc::decode(&[0u8; Desc::PLAIN + 1]), None);
     }
 
     #[test]
@@ -1358,24 +1423,35 @@ mod tests {
 
     #[test]
     fn a_descriptor_is_read_in_place_drained_or_withdrawn() {
+        let bytes: Vec<u8> = (0..(CMA_PIECE * 2 + 12)).map(|i| (i * 7 % 251) as u8).collect();
+        descriptors_in_every_state(&bytes, false);
+        // The same from shareable memory, which the receiver maps rather than reads.
+        let mut shared = crate::mem::SharedBuf::new(bytes.len()).expect("alloc");
+        shared.copy_from_slice(&bytes);
+        descriptors_in_every_state(&shared, true);
+    }
+
+    fn descriptors_in_every_state(payload: &[u8], mapped: bool) {
         let (tx, rx) = pair(true, true);
         let (tx_inbox, rx_inbox) = (Inbox::default(), Inbox::default());
         let t = Duration::from_secs(2);
-        let payload: Vec<u8> = (0..(CMA_PIECE * 2 + 12)).map(|i| (i * 7 % 251) as u8).collect();
-        assert_eq!(tx.send_desc(1, &hdr(1, payload.len()), &payload, &tx_inbox, t).ok(), Some(Some(0)));
-        assert_eq!(recv(&rx, &rx_inbox, key(1)).ok().as_ref(), Some(&payload), "read in place");
+        let want = payload.to_vec();
+        assert_eq!(tx.send_desc(1, &hdr(1, payload.len()), payload, &tx_inbox, t).ok(), Some(Some(0)));
+        assert_eq!(recv(&rx, &rx_inbox, key(1)).ok().as_ref(), Some(&want), "read in place");
+        let maps = rx.peer(0).map(|p| p.rx_state.lock().map(|st| st.maps.mapped()).unwrap_or(0));
+        assert_eq!(maps, Some(mapped as usize), "shareable memory is mapped, other memory is not");
         assert!(tx.wait_sent(1, 0, &tx_inbox, t, &|_| None).is_ok(), "acknowledged");
         // Another wait's descriptor moves into the inbox, read whole.
-        assert_eq!(tx.send_desc(1, &hdr(2, payload.len()), &payload, &tx_inbox, t).ok(), Some(Some(1)));
+        assert_eq!(tx.send_desc(1, &hdr(2, payload.len()), payload, &tx_inbox, t).ok(), Some(Some(1)));
         rx.drain(None, &rx_inbox);
-        assert_eq!(rx_inbox.try_take(key(2)).map(|f| f.payload).as_ref(), Some(&payload), "drained");
+        assert_eq!(rx_inbox.try_take(key(2)).map(|f| f.payload).as_ref(), Some(&want), "drained");
         assert!(tx.wait_sent(1, 1, &tx_inbox, t, &|_| None).is_ok());
         // Withdrawn before it was read: the receiver gets an error, not stale bytes; the
         // descriptor before it (another operation's, say) is still read.
-        assert_eq!(tx.send_desc(1, &hdr(6, payload.len()), &payload, &tx_inbox, t).ok(), Some(Some(2)));
-        assert_eq!(tx.send_desc(1, &hdr(3, payload.len()), &payload, &tx_inbox, t).ok(), Some(Some(3)));
+        assert_eq!(tx.send_desc(1, &hdr(6, payload.len()), payload, &tx_inbox, t).ok(), Some(Some(2)));
+        assert_eq!(tx.send_desc(1, &hdr(3, payload.len()), payload, &tx_inbox, t).ok(), Some(Some(3)));
         tx.withdraw(1, 3, &tx_inbox, t);
-        assert_eq!(recv(&rx, &rx_inbox, key(6)).ok().as_ref(), Some(&payload), "not withdrawn");
+        assert_eq!(recv(&rx, &rx_inbox, key(6)).ok().as_ref(), Some(&want), "not withdrawn");
         // Told nothing else about the sender (no failure reaches this inbox), the receiver gives
         // the withdrawal as its error after the grace period, before its own deadline.
         let mut check = |_: &FrameHeader| Ok(());
@@ -1387,8 +1463,8 @@ mod tests {
         // The pair stays in step: plain frames and descriptors go on.
         tx.send(1, &hdr(4, 5), b"hello", &tx_inbox, t).expect("send");
         assert_eq!(recv(&rx, &rx_inbox, key(4)).ok().as_deref(), Some(&b"hello"[..]));
-        assert_eq!(tx.send_desc(1, &hdr(5, payload.len()), &payload, &tx_inbox, t).ok(), Some(Some(4)));
-        assert_eq!(recv(&rx, &rx_inbox, key(5)).ok().as_ref(), Some(&payload));
+        assert_eq!(tx.send_desc(1, &hdr(5, payload.len()), payload, &tx_inbox, t).ok(), Some(Some(4)));
+        assert_eq!(recv(&rx, &rx_inbox, key(5)).ok().as_ref(), Some(&want));
     }
 
     #[test]
