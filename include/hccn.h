@@ -334,6 +334,16 @@ hccn_result hccn_bucket_flush(struct hccn_bucket *bucket, struct hccn_stream *st
  */
 hccn_result hccn_bucket_destroy(struct hccn_bucket *bucket);
 
+/*
+ Allocates `size` zeroed bytes of shareable memory into `*ptr`; free with `hccn_mem_free`.
+ */
+hccn_result hccn_mem_alloc(void **ptr, uint64_t size);
+
+/*
+ Frees what `hccn_mem_alloc` returned; NULL is a no-op. No operation may still use it.
+ */
+hccn_result hccn_mem_free(void *ptr);
+
 hccn_result hccn_stream_create(struct hccn_stream **stream);
 
 /*

@@ -10,6 +10,7 @@ mod comm;
 mod error;
 mod ffi;
 mod fusion;
+mod mem;
 mod stream;
 pub mod types;
 
@@ -18,6 +19,7 @@ use std::ffi::c_char;
 pub use collectives::*;
 pub use comm::*;
 pub use fusion::*;
+pub use mem::*;
 pub use stream::*;
 pub use types::*;
 

@@ -169,6 +169,9 @@ fn table_of_bad_calls() {
             "unique id",
             Box::new(|| unsafe { hccn_comm_init_rank(&mut null_mut(), 2, &hccn_unique_id { internal: [7; 128] }, 0) }),
         ),
+        ("mem alloc to NULL", NULL_POINTER, "ptr", Box::new(|| unsafe { hccn_mem_alloc(null_mut(), 64) })),
+        ("mem alloc of 0 bytes", INVALID, "0 bytes", Box::new(|| unsafe { hccn_mem_alloc(&mut null_mut(), 0) })),
+        ("mem free of heap memory", INVALID, "hccn_mem_alloc", Box::new(move || unsafe { hccn_mem_free(r) })),
         (
             "acl stream on native",
             NOT_SUPPORTED,
@@ -196,6 +199,27 @@ fn table_of_bad_calls() {
         assert_eq!(hccn_barrier(comm, null_mut()), INVALID, "destroyed comm: {}", last_error());
         assert!(last_error().contains("destroyed"));
         assert!(!CStr::from_ptr(hccn_get_error_string(12345)).to_bytes().is_empty());
+    }
+}
+
+#[test]
+fn shareable_memory_is_zeroed_usable_and_freed_once() {
+    let comm = single_rank();
+    let mut p: *mut c_void = null_mut();
+    // SAFETY: a valid out pointer; the memory is used within its 4096 bytes, then freed once and
+    // handed back again on purpose.
+    unsafe {
+        assert_eq!(hccn_mem_alloc(&mut p, 4096), 0, "{}", last_error());
+        let f = std::slice::from_raw_parts_mut(p.cast::<f32>(), 1024);
+        assert!(f.iter().all(|x| *x == 0.0), "zeroed");
+        f.iter_mut().enumerate().for_each(|(i, x)| *x = i as f32);
+        assert_eq!(hccn_allreduce(p, p, 1024, FP32, SUM, comm, null_mut()), 0, "{}", last_error());
+        assert_eq!(f[1023], 1023.0);
+        assert_eq!(hccn_mem_free(p), 0, "{}", last_error());
+        assert_eq!(hccn_mem_free(p), INVALID, "freed twice");
+        assert!(last_error().contains("freed already"), "{}", last_error());
+        assert_eq!(hccn_mem_free(null_mut()), 0, "free(NULL) is a no-op");
+        assert_eq!(hccn_comm_destroy(comm), 0);
     }
 }
 

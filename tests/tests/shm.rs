@@ -42,30 +42,40 @@ fn the_full_matrix_over_shared_memory_with_2_3_4_ranks() {
 fn frames_larger_than_a_ring_stream_through_it_in_every_pattern() {
     // 8 MiB chunks: each frame spans many ring slots (the ring holds 1 MiB), and in allreduce,
     // alltoall and allgather both ranks of a pair send such frames to each other at once.
-    for n in [2u32, 3] {
+    // With -R the buffers come from hccn_mem_alloc and peers read them through their mappings.
+    for (n, register) in [(2u32, false), (3, false), (3, true)] {
         for op in ["allreduce", "alltoall", "allgather", "reduce_scatter", "broadcast"] {
-            let args = ["--op", op, "-b", "1M", "-e", "16M", "-f", "16", "-c", "-w", "1", "-n", "2"];
+            let mut args = vec!["--op", op, "-b", "1M", "-e", "16M", "-f", "16", "-c", "-w", "1", "-n", "2"];
+            if register {
+                args.push("-R");
+            }
             let env = [("HCCN_TRANSPORT", "shm"), ("HCCN_CHUNK_BYTES", "8388608")];
+            let what = format!("{op} on {n} ranks, register={register}");
             let out = launch::hccnrun(n, &launch::bin("hccn-perf"), &args, &env, Duration::from_secs(120));
-            assert_eq!(out.code, Some(0), "{op} on {n} ranks: {}", out.describe());
-            assert!(out.stdout.contains("Wrong elements       : 0 OK"), "{op} on {n} ranks: {}", out.describe());
+            assert_eq!(out.code, Some(0), "{what}: {}", out.describe());
+            assert!(out.stdout.contains("Wrong elements       : 0 OK"), "{what}: {}", out.describe());
         }
     }
 }
 
 #[test]
-fn single_copy_reads_and_the_rings_give_identical_bits_with_2_3_4_ranks() {
+fn single_copy_reads_mapped_buffers_and_the_rings_give_identical_bits_with_2_3_4_ranks() {
     let worker = PathBuf::from(env!("CARGO_BIN_EXE_hccn-cma"));
     // The cost model's chunks, and chunks of exactly the threshold, where a step's full chunks
     // go by descriptor and its shorter last one through the ring.
     for (n, chunk) in [(2u32, "524288"), (3, "524288"), (4, "524288"), (2, "65536"), (3, "65536")] {
         let mut results = Vec::new();
-        for cma in ["off", "auto"] {
-            let env = [("HCCN_CMA", cma), ("HCCN_ALGO", "ring"), ("HCCN_CHUNK_BYTES", chunk), LOG];
-            let what = format!("{n} ranks, HCCN_CMA={cma}, HCCN_CHUNK_BYTES={chunk}");
-            let out = launch::hccnrun(n, &worker, &[], &env, Duration::from_secs(240));
+        // Through the rings; read with process_vm_readv; buffers from hccn_mem_alloc, mapped.
+        for (cma, register) in [("off", false), ("auto", false), ("auto", true)] {
+            let log = ("HCCN_LOG", "hccn_runtime::transport=info,hccn_runtime::mem=info");
+            let env = [("HCCN_CMA", cma), ("HCCN_ALGO", "ring"), ("HCCN_CHUNK_BYTES", chunk), log];
+            let what = format!("{n} ranks, HCCN_CMA={cma}, HCCN_CHUNK_BYTES={chunk}, register={register}");
+            let args: &[&str] = if register { &["--register"] } else { &[] };
+            let out = launch::hccnrun(n, &worker, args, &env, Duration::from_secs(240));
             assert_eq!(out.code, Some(0), "{what}: {}", out.describe());
             links_are(&out, n, &format!("\"shm\" cma={}", cma == "auto"));
+            let mapped = format!("{}{}", out.stdout, out.stderr).contains("mapped a peer's shareable memory");
+            assert_eq!(mapped, register, "{what}: peers map shareable buffers, and only those: {}", out.describe());
             let mut hashes = Vec::new();
             for r in 0..n {
                 assert!(out.stdout.contains(&format!("[{r}] WRONG 0")), "{what}: {}", out.describe());
@@ -76,6 +86,7 @@ fn single_copy_reads_and_the_rings_give_identical_bits_with_2_3_4_ranks() {
             results.push(hashes);
         }
         assert_eq!(results[0], results[1], "{n} ranks, HCCN_CHUNK_BYTES={chunk}: HCCN_CMA=off and auto differ");
+        assert_eq!(results[1], results[2], "{n} ranks, HCCN_CHUNK_BYTES={chunk}: mapped and read buffers differ");
     }
 }
 

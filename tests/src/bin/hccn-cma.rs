@@ -1,7 +1,8 @@
 //! Collectives whose ring chunks straddle and exceed the single-copy (CMA) threshold, printing a
 //! hash of every result's bits, so that a test can compare HCCN_CMA=off with auto bit for bit.
-//! Allgather results are also checked exactly. Usage: hccnrun -n N hccn-cma
-//! Prints `HASH op=.. count=.. bits=..` per operation and `WRONG n` at the end.
+//! Allgather results are also checked exactly. Usage: hccnrun -n N hccn-cma [--register]; with
+//! `--register` every buffer comes from `hccn_mem_alloc` (peers map it rather than read it with
+//! process_vm_readv). Prints `HASH op=.. count=.. bits=..` per operation and `WRONG n` at the end.
 
 use std::ffi::c_void;
 use std::process::ExitCode;
@@ -27,10 +28,49 @@ fn value(r: u32, j: usize) -> f32 {
     (j % 1013) as f32 * 0.37 + r as f32 * 0.011 + 0.1
 }
 
-fn run(c: &CComm, count: usize) -> Result<usize, (u32, String)> {
+/// `len` floats of shareable memory (`hccn_mem_alloc`), freed on drop.
+struct Shared(*mut f32, usize);
+
+impl std::ops::Deref for Shared {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        // SAFETY: hccn_mem_alloc returned at least `len` floats, zeroed, owned by `self`.
+        unsafe { std::slice::from_raw_parts(self.0, self.1) }
+    }
+}
+
+impl std::ops::DerefMut for Shared {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        // SAFETY: as above.
+        unsafe { std::slice::from_raw_parts_mut(self.0, self.1) }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // SAFETY: allocated by hccn_mem_alloc, no operation uses it any more.
+        unsafe { hccn_mem_free(self.0.cast()) };
+    }
+}
+
+type Buf = Box<dyn std::ops::DerefMut<Target = [f32]>>;
+
+/// `len` zeroed floats from the heap, or shareable memory with `register`.
+fn buffer(len: usize, register: bool) -> Result<Buf, (u32, String)> {
+    if !register {
+        return Ok(Box::new(vec![0f32; len]));
+    }
+    let mut p: *mut c_void = std::ptr::null_mut();
+    // SAFETY: a valid out pointer; at least one float so that the size is never 0.
+    check(unsafe { hccn_mem_alloc(&mut p, (len.max(1) * 4) as u64) })?;
+    Ok(Box::new(Shared(p.cast(), len)))
+}
+
+fn run(c: &CComm, count: usize, register: bool) -> Result<usize, (u32, String)> {
     let (me, n) = (c.rank(), c.size() as usize);
-    let send: Vec<f32> = (0..count).map(|j| value(me, j)).collect();
-    let mut recv = vec![0f32; count];
+    let mut send = buffer(count, register)?;
+    send.iter_mut().enumerate().for_each(|(j, x)| *x = value(me, j));
+    let mut recv = buffer(count, register)?;
     let out = |p: &mut [f32]| p.as_mut_ptr().cast::<c_void>();
     let s = std::ptr::null_mut();
     // SAFETY: send and recv hold `count` floats and outlive each blocking call.
@@ -42,11 +82,11 @@ fn run(c: &CComm, count: usize) -> Result<usize, (u32, String)> {
     })?;
     println!("HASH op=allreduce_bf16 count={count} bits={:016x}", hash(&recv));
     let block = count / n;
-    let mut rs = vec![0f32; block];
+    let mut rs = buffer(block, register)?;
     // SAFETY: send holds n * block floats or more, rs holds block.
     check(unsafe { hccn_reduce_scatter(send.as_ptr().cast(), out(&mut rs), block as u64, FP32, SUM, c.comm, s) })?;
     println!("HASH op=reduce_scatter count={count} bits={:016x}", hash(&rs));
-    let mut all = vec![0f32; block * n];
+    let mut all = buffer(block * n, register)?;
     // SAFETY: send holds at least block floats, all holds n * block.
     check(unsafe { hccn_allgather(send.as_ptr().cast(), out(&mut all), block as u64, FP32, c.comm, s) })?;
     println!("HASH op=allgather count={count} bits={:016x}", hash(&all));
@@ -61,11 +101,12 @@ fn main() -> ExitCode {
         Err(code) => return code,
     };
     let n = comm.size() as usize;
+    let register = std::env::args().any(|a| a == "--register");
     // Segments just below and above 64 KiB, odd counts, and chunks far above the threshold.
     let counts = [5, n * 16384 - 1, n * 16384 + 3, n * 65536 + 7, 1_000_003, 3_000_017];
     let mut wrong = 0;
     for count in counts {
-        match run(&comm, count) {
+        match run(&comm, count, register) {
             Ok(w) => wrong += w,
             Err((code, msg)) => {
                 println!("FAIL count={count} code={code} {msg}");
