@@ -69,6 +69,14 @@ for n in 2 4; do
             "$bin/hccnrun" -n "$n" "$bin/hccn-perf" -b 16M -e "$max" -f 4 -w 1 -n 3
         fi
     } >"$out/hccn-np$n.txt" 2>"$out/hccn-np$n.err" || log "hccn with $n ranks failed: $(tail -3 "$out/hccn-np$n.err")"
+    log "hccn with buffers from hccn_mem_alloc (-R), $n ranks"
+    {
+        # Only transfers of 64 KiB and more are read in place, where -R matters.
+        "$bin/hccnrun" -n "$n" "$bin/hccn-perf" -R -b 256K -e 4M -f 4 -w 3 -n 20
+        if ((max >= 16 << 20)); then
+            "$bin/hccnrun" -n "$n" "$bin/hccn-perf" -R -b 16M -e "$max" -f 4 -w 1 -n 3
+        fi
+    } >"$out/hccn-reg-np$n.txt" 2>"$out/hccn-reg-np$n.err" || log "hccn -R with $n ranks failed: $(tail -3 "$out/hccn-reg-np$n.err")"
     log "Open MPI shared memory, $n ranks"
     "${mpirun_[@]}" -np "$n" --mca btl self,vader "$out/allreduce_mpi" 4 "$max" 4 \
         >"$out/mpi-shm-np$n.txt" 2>"$out/mpi-shm-np$n.err" || log "MPI shm failed: $(tail -3 "$out/mpi-shm-np$n.err")"

@@ -1,6 +1,6 @@
 """Merges the outputs of benches/compare.sh into one table per rank count.
-Usage: python3 table.py DIR. Reads DIR/{hccn,mpi-shm,mpi-tcp,gloo}-np{2,4}.txt ("bytes us" lines,
-or hccn-perf tables), DIR/memcpy.txt (hccn-kernel-bench output) and DIR/iperf3.json."""
+Usage: python3 table.py DIR. Reads DIR/{hccn,hccn-reg,mpi-shm,mpi-tcp,gloo}-np{2,4}.txt ("bytes us"
+lines, or hccn-perf tables; hccn-reg is hccn-perf -R, buffers from hccn_mem_alloc), DIR/memcpy.txt (hccn-kernel-bench output) and DIR/iperf3.json."""
 import json
 import os
 import sys
@@ -57,19 +57,22 @@ def main():
         pass
     print("AllReduce fp32 sum, in one run on this machine. Cells: latency us / busbw GB/s "
           "(busbw = bytes/time * 2(n-1)/n).")
-    print("Ratios are peer time / hccn time: above 1 hccn is faster.")
+    print("Ratios are peer time / hccn time (heap buffers, as the peers use): above 1 hccn is faster.")
+    print("hccn -R: hccn-perf -R, buffers from hccn_mem_alloc, which same-host peers map and read in place.")
     for n in (2, 4):
         hccn = read_times(os.path.join(d, f"hccn-np{n}.txt"))
+        reg = read_times(os.path.join(d, f"hccn-reg-np{n}.txt"))
         peers = {k: read_times(os.path.join(d, f"{k}-np{n}.txt")) for k, _ in PEERS}
         sizes = sorted(set(hccn) | {s for p in peers.values() for s in p})
         if not sizes:
             continue
-        head = ["size", f"hccn np{n}"] + [f"{name} np{n}" for _, name in PEERS]
+        head = ["size", f"hccn np{n}", f"hccn -R np{n}"] + [f"{name} np{n}" for _, name in PEERS]
         head += [f"hccn vs {name}" for _, name in PEERS] + ["memcpy GB/s"]
         rows = []
         for s in sizes:
             h = hccn.get(s)
-            row = [label(s), cell(h, s, n)] + [cell(peers[k].get(s), s, n) for k, _ in PEERS]
+            row = [label(s), cell(h, s, n), cell(reg.get(s), s, n)]
+            row += [cell(peers[k].get(s), s, n) for k, _ in PEERS]
             for k, _ in PEERS:
                 p = peers[k].get(s)
                 row.append(f"{p / h:.2f}x" if h and p else "-")

@@ -7,6 +7,7 @@ use std::io::{self, Write};
 use std::time::{Duration, Instant};
 
 use hccn_runtime::collectives::select::AlgoChoice;
+use hccn_runtime::mem::SharedBuf;
 use hccn_runtime::{Communicator, DataType, Op, Ptr, ReduceOp};
 
 use crate::args::{self, Args, UsageError};
@@ -29,6 +30,8 @@ Times one collective over a range of message sizes, like nccl-tests; rank 0 prin
   --root R             root of broadcast and reduce (default 0)
   --algo NAME          allreduce algorithm: auto (the cost model, default: HCCN_ALGO), ring,
                        rhd, tree, hier; only allreduce has a choice
+  -R, --register       buffers from hccn_mem_alloc (shareable memory that same-host peers read
+                       with plain loads) instead of the heap (read with process_vm_readv)
   -h, --help           this text
 
 The size column is the op's largest buffer: allreduce, broadcast, reduce: count elements;
@@ -141,6 +144,8 @@ pub struct Options {
     pub root: u32,
     /// `--algo`; `None` keeps HCCN_ALGO.
     pub algo: Option<AlgoChoice>,
+    /// `-R`: buffers from `hccn_mem_alloc`.
+    pub register: bool,
 }
 
 impl Default for Options {
@@ -157,6 +162,7 @@ impl Default for Options {
             check: false,
             root: 0,
             algo: None,
+            register: false,
         }
     }
 }
@@ -178,6 +184,7 @@ pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
         match name.as_str() {
             "-h" | "--help" => return Ok(Invocation::Help),
             "-c" | "--check" => o.check = true,
+            "-R" | "--register" => o.register = true,
             "--op" => {
                 let v = a.value(&name, inline)?;
                 o.coll = Coll::from_name(&v).ok_or_else(|| bad("collective", &v))?;
@@ -287,22 +294,28 @@ fn sum_over_ranks(comm: &Communicator, x: u64) -> hccn_runtime::Result<u64> {
     Ok(out[0])
 }
 
+/// A buffer of one size step: from the heap, or shareable memory (`-R`).
+type Buf = Box<dyn std::ops::DerefMut<Target = [u8]>>;
+
 /// The buffers of one size step and the operation over them.
 struct Step {
-    send: Vec<u8>,
-    recv: Vec<u8>,
+    send: Buf,
+    recv: Buf,
     layout: Layout,
 }
 
 impl Step {
     fn new(o: &Options, layout: Layout, checker: &Checker) -> Result<Step, String> {
         let es = o.dt.size();
-        let alloc = |elems: u64| {
-            usize::try_from(elems)
+        let alloc = |elems: u64| -> Result<Buf, String> {
+            let bytes = usize::try_from(elems)
                 .ok()
                 .and_then(|e| e.checked_mul(es))
-                .map(|b| vec![0u8; b])
-                .ok_or_else(|| format!("{} bytes do not fit in memory", layout.bytes))
+                .ok_or_else(|| format!("{} bytes do not fit in memory", layout.bytes))?;
+            Ok(match o.register {
+                true => Box::new(SharedBuf::new(bytes).map_err(|e| e.to_string())?),
+                false => Box::new(vec![0u8; bytes]),
+            })
         };
         let mut step = Step { send: alloc(layout.send_elems)?, recv: alloc(layout.recv_elems)?, layout };
         checker.fill(&mut step.send);
@@ -475,13 +488,13 @@ mod tests {
     fn parses_options() {
         let p = |a: &[&str]| parse(Args::new(a.iter().copied()));
         let Ok(Invocation::Run(o)) =
-            p(&["--op", "reduce_scatter", "--dtype=bf16", "-b", "8", "-e", "64M", "-f", "4", "-c"])
+            p(&["--op", "reduce_scatter", "--dtype=bf16", "-b", "8", "-e", "64M", "-f", "4", "-c", "-R"])
         else {
             panic!("not parsed")
         };
         assert_eq!(
-            (o.coll, o.dt, o.min_bytes, o.max_bytes, o.step_factor, o.check),
-            (Coll::ReduceScatter, DataType::Bf16, 8, 64 << 20, 4, true)
+            (o.coll, o.dt, o.min_bytes, o.max_bytes, o.step_factor, o.check, o.register),
+            (Coll::ReduceScatter, DataType::Bf16, 8, 64 << 20, 4, true, true)
         );
         assert_eq!(Coll::from_name("all_reduce"), Some(Coll::AllReduce));
         assert_eq!(Coll::from_name("AllToAll"), Some(Coll::AllToAll));
