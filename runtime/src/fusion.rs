@@ -13,6 +13,7 @@ use crate::collectives::check;
 use crate::collectives::{Op, Ptr};
 use crate::comm::Communicator;
 use crate::error::{Error, ErrorKind, Result};
+use crate::mem::SharedBuf;
 use crate::stream::{Job, Stream};
 use crate::types::{DataType, ReduceOp};
 
@@ -20,7 +21,60 @@ use crate::types::{DataType, ReduceOp};
 /// flush would cost more than a fused small allreduce.
 const SPARE_BUFFERS: usize = 2;
 
-type Spares = Arc<Mutex<Vec<Box<[u64]>>>>;
+type Spares = Arc<Mutex<Vec<Block>>>;
+
+/// Memory for packed tensors: shareable, so that same-host peers read it in place rather than
+/// with a system call per transfer (see mem.rs), or the heap where a memfd cannot be had.
+enum Block {
+    Shared(SharedBuf),
+    /// From `Box::into_raw`, so that moving the block never retags the memory the jobs reach
+    /// by address; freed on drop.
+    Heap(*mut [u64]),
+}
+
+// SAFETY: the heap block is owned by this value alone (as a Box would be).
+unsafe impl Send for Block {}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        if let Block::Heap(p) = *self {
+            // SAFETY: `p` came from `Box::into_raw` in `new` and is given back exactly once.
+            drop(unsafe { Box::from_raw(p) });
+        }
+    }
+}
+
+impl Block {
+    /// At least `bytes`, 8-byte aligned (the reduction kernels' fast path).
+    fn new(bytes: usize) -> Result<Block> {
+        match SharedBuf::new(bytes.max(8)) {
+            Ok(b) => return Ok(Block::Shared(b)),
+            Err(e) if e.kind() == ErrorKind::OutOfMemory => return Err(e.context("bucket flush")),
+            Err(e) => tracing::debug!("bucket staging from the heap: {e}"),
+        }
+        let words = bytes.div_ceil(8);
+        let mut v: Vec<u64> = Vec::new();
+        v.try_reserve_exact(words).map_err(|_| {
+            Error::new(ErrorKind::OutOfMemory, format!("bucket flush: cannot allocate {bytes} staging bytes"))
+        })?;
+        v.resize(words, 0);
+        Ok(Block::Heap(Box::into_raw(v.into_boxed_slice())))
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Block::Shared(b) => b.len(),
+            Block::Heap(b) => b.len() * 8,
+        }
+    }
+
+    fn ptr(&mut self) -> *mut u8 {
+        match self {
+            Block::Shared(b) => b.as_mut_ptr(),
+            Block::Heap(b) => b.cast(),
+        }
+    }
+}
 
 /// A pending tensor: `bytes` at `buf`, packed at byte `at` of the staging buffer.
 #[derive(Debug, Clone, Copy)]
@@ -169,7 +223,9 @@ impl Bucket {
 /// The packed buffer of one flush, reached by address from its three jobs (pack, allreduce,
 /// unpack), which run one after another; it returns to the spares when the last one is done.
 struct Staging {
-    words: *mut [u64],
+    block: Option<Block>,
+    /// The block's address, taken once: the jobs reach it through this only.
+    at: *mut u8,
     spares: Spares,
 }
 
@@ -180,30 +236,22 @@ unsafe impl Send for Staging {}
 unsafe impl Sync for Staging {}
 
 impl Staging {
-    /// A buffer of at least `bytes`, 8-byte aligned (the reduction kernels' fast path), reused
-    /// from `spares` when one is large enough.
+    /// A buffer of at least `bytes`, reused from `spares` when one is large enough.
     fn take(spares: &Spares, bytes: usize) -> Result<Staging> {
-        let words = bytes.div_ceil(8);
         let reused = {
             let mut s = spares.lock().unwrap_or_else(|p| p.into_inner());
-            s.iter().position(|b| b.len() >= words).map(|i| s.swap_remove(i))
+            s.iter().position(|b| b.len() >= bytes).map(|i| s.swap_remove(i))
         };
-        let buf = match reused {
+        let mut block = match reused {
             Some(b) => b,
-            None => {
-                let mut v: Vec<u64> = Vec::new();
-                v.try_reserve_exact(words).map_err(|_| {
-                    Error::new(ErrorKind::OutOfMemory, format!("bucket flush: cannot allocate {bytes} staging bytes"))
-                })?;
-                v.resize(words, 0);
-                v.into_boxed_slice()
-            }
+            None => Block::new(bytes)?,
         };
-        Ok(Staging { words: Box::into_raw(buf), spares: spares.clone() })
+        let at = block.ptr();
+        Ok(Staging { block: Some(block), at, spares: spares.clone() })
     }
 
     fn ptr(&self) -> Ptr {
-        Ptr(self.words.cast())
+        Ptr(self.at)
     }
 
     fn pack(&self, tensors: &[Tensor]) {
@@ -224,10 +272,9 @@ impl Staging {
 
 impl Drop for Staging {
     fn drop(&mut self) {
-        // SAFETY: `words` came from `Box::into_raw` in `take` and is given back exactly once.
-        let buf = unsafe { Box::from_raw(self.words) };
+        let Some(block) = self.block.take() else { return };
         let mut s = self.spares.lock().unwrap_or_else(|p| p.into_inner());
-        s.push(buf);
+        s.push(block);
         if s.len() > SPARE_BUFFERS {
             // Keep the largest: they serve every smaller flush too.
             if let Some(i) = (0..s.len()).min_by_key(|&i| s[i].len()) {

@@ -2,7 +2,9 @@
 //! sizes (count 0, one exactly filling the bucket, one larger than it) for FP32 SUM and INT32
 //! MAX, without and with a stream; each result must equal the exact reduction and the unfused
 //! allreduce of the same tensor. Then stream ordering, destroy without flush, and bad input.
-//! Usage: hccnrun -n N hccn-fusion
+//! Usage: hccnrun -n N hccn-fusion [--scale K]; `--scale K` multiplies the bucket capacity and
+//! every tensor's size by K (fused buffers then go by descriptor between same-host ranks, read
+//! in place from the bucket's shareable staging memory).
 
 use std::ffi::c_void;
 use std::process::ExitCode;
@@ -13,15 +15,26 @@ use hccn_runtime::{DataType, ReduceOp};
 use hccn_tests::capi::{check, expect_refusal, CComm};
 use hccn_tests::Coll;
 
-/// Bytes per bucket: 4096 elements of 4 bytes.
+/// Bytes per bucket: 4096 elements of 4 bytes (times `--scale`).
 const CAPACITY: u64 = 16 << 10;
+
+/// `--scale K` (1 without it).
+static SCALE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+fn scale() -> usize {
+    *SCALE.get().unwrap_or(&1)
+}
+
+fn capacity() -> u64 {
+    CAPACITY * scale() as u64
+}
 
 /// Tensor sizes in elements: mixed, with 0, an exact fill of an empty bucket (after the
 /// larger-than-the-bucket tensor, which leaves it empty), and odd sizes around the capacity.
 fn counts() -> Vec<usize> {
     let mut c = vec![5, 0, 1000, 3, 9000, 4096, 17, 2500, 1, 4095, 0, 333, 1200, 1200, 1200, 1200, 64];
     c.extend((0..40).map(|i| (i * 97 + 13) % 700));
-    c
+    c.iter().map(|n| n * scale()).collect()
 }
 
 /// Rank `rank`'s element `j` of tensor `t`: small integers, so that FP32 sums are exact.
@@ -77,7 +90,7 @@ impl BucketHandle {
     fn create(comm: *mut hccn_comm, dt: DataType, op: ReduceOp) -> Result<BucketHandle, (u32, String)> {
         let mut b = null_mut();
         // SAFETY: a valid out pointer and a live communicator.
-        check(unsafe { hccn_bucket_create(comm, CAPACITY, dt as u32, op as u32, &mut b) })?;
+        check(unsafe { hccn_bucket_create(comm, capacity(), dt as u32, op as u32, &mut b) })?;
         NonNull::new(b).map(BucketHandle).ok_or((4, "hccn_bucket_create gave NULL".into()))
     }
 
@@ -324,6 +337,18 @@ impl Run<'_> {
 }
 
 fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(k) = args.iter().position(|a| a == "--scale").and_then(|i| args.get(i + 1)) {
+        match k.parse::<usize>() {
+            Ok(k) if k > 0 => {
+                let _ = SCALE.set(k);
+            }
+            _ => {
+                println!("FAIL --scale {k:?} is not a positive number");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     let comm = match hccn_tests::capi::start_worker() {
         Ok(c) => c,
         Err(code) => return code,
