@@ -5,6 +5,8 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
+use smallvec::SmallVec;
+
 use crate::comm::CommInner;
 use crate::error::{Error, ErrorKind, Result};
 use crate::reduce;
@@ -317,7 +319,8 @@ impl<'a> Ctx<'a> {
 /// so that the operation never returns with a peer still reading its buffers.
 #[derive(Default)]
 pub(crate) struct Sends<'d> {
-    pending: Vec<Pending<'d>>,
+    /// Inline up to a few (a ring step of up to 8 chunks allocates nothing).
+    pending: SmallVec<[Pending<'d>; 8]>,
 }
 
 struct Pending<'d> {

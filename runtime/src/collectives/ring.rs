@@ -76,11 +76,11 @@ impl Codec for Plain {
     }
 }
 
-/// Splits `bytes` into `n` element-aligned segments, differing by at most one element.
-fn segments(bytes: usize, esize: usize, n: u32) -> Vec<Range<usize>> {
-    let count = bytes / esize;
-    let n = n as usize;
-    (0..n).map(|i| (i * count / n) * esize..((i + 1) * count / n) * esize).collect()
+/// Segment `i` of `bytes` split into `n` element-aligned segments, differing by at most one
+/// element (computed, not collected: this runs for every operation).
+fn segment(bytes: usize, esize: usize, n: u32, i: u32) -> Range<usize> {
+    let (count, n, i) = (bytes / esize, n as usize, i as usize);
+    (i * count / n) * esize..((i + 1) * count / n) * esize
 }
 
 /// `buf[out]` to read and `buf[in_]` to write at the same time (the ranges must not overlap).
@@ -202,7 +202,7 @@ fn reduce_scatter_phase(
     ctx: &Ctx<'_>,
     buf: &mut [u8],
     input: Option<&[u8]>,
-    segs: &[Range<usize>],
+    seg: &dyn Fn(u32) -> Range<usize>,
     shift: u32,
     codec: &dyn Codec,
     op: ReduceOp,
@@ -210,8 +210,8 @@ fn reduce_scatter_phase(
     let n = ctx.size();
     let r = ctx.rank() + n - shift % n;
     for s in 0..n - 1 {
-        let out = segs[((r + 2 * n - s) % n) as usize].clone();
-        let in_ = segs[((r + 2 * n - s - 1) % n) as usize].clone();
+        let out = seg((r + 2 * n - s) % n);
+        let in_ = seg((r + 2 * n - s - 1) % n);
         let land = match input {
             Some(input) => Land::ReduceInput { op, input, send_input: s == 0 },
             None => Land::Reduce(op),
@@ -244,12 +244,13 @@ pub(super) fn allreduce(
         }
     }
     let input = input.filter(|_| n > 1);
-    let segs = segments(buf.len(), codec.esize(), n);
-    let first = reduce_scatter_phase(ctx, buf, input, &segs, 0, codec, op)?;
-    codec.settle(&mut buf[segs[((r + 1) % n) as usize].clone()]);
+    let (bytes, esize) = (buf.len(), codec.esize());
+    let seg = |i: u32| segment(bytes, esize, n, i);
+    let first = reduce_scatter_phase(ctx, buf, input, &seg, 0, codec, op)?;
+    codec.settle(&mut buf[seg((r + 1) % n)]);
     for s in 0..n - 1 {
-        let out = segs[((r + 1 + n - s) % n) as usize].clone();
-        let in_ = segs[((r + n - s) % n) as usize].clone();
+        let out = seg((r + 1 + n - s) % n);
+        let in_ = seg((r + n - s) % n);
         step(ctx, first + s, buf, out, in_, codec, Land::Store)?;
     }
     Ok(())
@@ -271,12 +272,13 @@ impl Algorithm for Ring {
     fn reduce_scatter(&self, ctx: &Ctx<'_>, w: &mut ReduceScatterArgs<'_>) -> Result<()> {
         let n = ctx.size();
         let mut work = w.input.to_vec();
-        let segs: Vec<Range<usize>> = (0..n as usize).map(|i| i * w.block_bytes..(i + 1) * w.block_bytes).collect();
+        let block = w.block_bytes;
+        let seg = |i: u32| i as usize * block..(i as usize + 1) * block;
         if n > 1 {
             // Shift by one so that the segment this rank ends with is its own.
-            reduce_scatter_phase(ctx, &mut work, None, &segs, 1, &Plain(w.dt), w.op)?;
+            reduce_scatter_phase(ctx, &mut work, None, &seg, 1, &Plain(w.dt), w.op)?;
         }
-        w.out.copy_from_slice(&work[segs[ctx.rank() as usize].clone()]);
+        w.out.copy_from_slice(&work[seg(ctx.rank())]);
         Ok(())
     }
 
@@ -313,7 +315,7 @@ mod tests {
     #[test]
     fn segments_cover_and_align() {
         for (bytes, esize, n) in [(0usize, 4usize, 3u32), (4 * 7, 4, 3), (2 * 5, 2, 8), (8 * 1000, 8, 5)] {
-            let segs = segments(bytes, esize, n);
+            let segs: Vec<Range<usize>> = (0..n).map(|i| segment(bytes, esize, n, i)).collect();
             assert_eq!(segs.len(), n as usize);
             assert_eq!(segs[0].start, 0);
             assert_eq!(segs.last().map(|s| s.end), Some(bytes));

@@ -252,10 +252,11 @@ impl Model {
     /// over `intra`, hosts over TCP, at the model's link figures.
     pub fn set_layout(&mut self, hosts: &[u32], intra: TransportKind) {
         let count = hosts.iter().max().map_or(1, |h| h + 1);
-        let per_host: Vec<u32> = (0..count).map(|h| hosts.iter().filter(|&&x| x == h).count() as u32).collect();
+        // Counted per host without a vector: this runs for every operation.
+        let per_host = |h: u32| hosts.iter().filter(|&&x| x == h).count() as u32;
         self.hosts = count;
-        self.min_per_host = per_host.iter().copied().min().unwrap_or(1).max(1);
-        self.intra = per_host.iter().any(|&c| c > 1).then(|| self.costs.get(intra));
+        self.min_per_host = (0..count).map(per_host).min().unwrap_or(1).max(1);
+        self.intra = (0..count).any(|h| per_host(h) > 1).then(|| self.costs.get(intra));
         self.inter = (count > 1).then_some(self.costs.tcp);
         self.hier = super::hier::applies(Some(hosts));
         self.shm_only = count == 1 && self.intra.is_some() && intra == TransportKind::Shm;
@@ -392,13 +393,13 @@ fn plan(work: &Work, m: &Model, forced: AlgoChoice) -> Result<Plan> {
         Work::Reduce { root: None, bytes, .. } => {
             let s = *bytes as f64;
             let costed = ALLREDUCE.iter().filter_map(|c| (c.cost)(m, s).map(|t| (c, t)));
-            let costed: Vec<_> = costed
+            let best = costed
                 .filter(|(c, _)| match forced {
                     AlgoChoice::Auto => !(m.costs.shared_cores && c.choice == AlgoChoice::Rhd),
                     _ => c.choice == forced,
                 })
-                .collect();
-            let best = costed.iter().min_by(|a, b| a.1.total_cmp(&b.1)).map(|(c, _)| c.algo);
+                .min_by(|a, b| a.1.total_cmp(&b.1))
+                .map(|(c, _)| c.algo);
             let algo = best.ok_or_else(|| {
                 Error::invalid(format!(
                     "HCCN_ALGO={}: that algorithm cannot run an allreduce on this communicator of {} ranks{}",
