@@ -59,12 +59,39 @@ pub(crate) struct Frame {
 #[derive(Default)]
 struct InboxState {
     queues: HashMap<Key, VecDeque<Frame>>,
+    /// Emptied queues kept for the next keys: every operation has keys of its own, and a fresh
+    /// queue allocates at its first frame.
+    spare: Vec<VecDeque<Frame>>,
     /// World ranks whose connection broke, with the reason.
     failed: BTreeMap<u32, String>,
     /// World ranks that closed their side on purpose.
     departed: BTreeSet<u32>,
     /// Communicators revoked here or by a peer.
     revoked: HashSet<u64>,
+}
+
+/// Emptied queues kept at most.
+const SPARE_QUEUES: usize = 64;
+
+impl InboxState {
+    fn push(&mut self, key: Key, frame: Frame) {
+        let spare = &mut self.spare;
+        self.queues.entry(key).or_insert_with(|| spare.pop().unwrap_or_default()).push_back(frame);
+    }
+
+    /// The next frame under `key`; an emptied queue goes back to the spares.
+    fn pop(&mut self, key: &Key) -> Option<Frame> {
+        let q = self.queues.get_mut(key)?;
+        let f = q.pop_front();
+        if q.is_empty() {
+            if let Some(q) = self.queues.remove(key) {
+                if self.spare.len() < SPARE_QUEUES {
+                    self.spare.push(q);
+                }
+            }
+        }
+        f
+    }
 }
 
 /// What a waiter may consult to decide that its wait is over.
@@ -119,7 +146,7 @@ impl Inbox {
 
     pub fn push(&self, src: u32, frame: Frame) {
         let key = Key { src, kind: frame.hdr.kind, comm_id: frame.hdr.comm_id, seq: frame.hdr.seq };
-        self.lock().queues.entry(key).or_default().push_back(frame);
+        self.lock().push(key, frame);
         self.queued.fetch_add(1, Ordering::SeqCst);
         self.bump();
         self.changed.notify_all();
@@ -127,12 +154,7 @@ impl Inbox {
 
     /// The next frame under `key`, if one is queued.
     pub fn try_take(&self, key: Key) -> Option<Frame> {
-        let mut st = self.lock();
-        let q = st.queues.get_mut(&key)?;
-        let f = q.pop_front();
-        if q.is_empty() {
-            st.queues.remove(&key);
-        }
+        let f = self.lock().pop(&key);
         self.taken(f)
     }
 
@@ -262,11 +284,7 @@ impl Inbox {
         loop {
             let key = st.queues.keys().find(|k| k.kind == kind && k.comm_id == comm_id && k.seq == seq).copied();
             if let Some(key) = key {
-                let q = st.queues.get_mut(&key)?;
-                let f = q.pop_front();
-                if q.is_empty() {
-                    st.queues.remove(&key);
-                }
+                let f = st.pop(&key);
                 return self.taken(f).map(|f| (key.src, f));
             }
             let now = Instant::now();
@@ -284,14 +302,9 @@ impl Inbox {
         let mut left_at: Option<Instant> = None;
         let mut st = self.lock();
         loop {
-            if let Some(q) = st.queues.get_mut(&key) {
-                if let Some(f) = q.pop_front() {
-                    if q.is_empty() {
-                        st.queues.remove(&key);
-                    }
-                    self.queued.fetch_sub(1, Ordering::SeqCst);
-                    return Ok(f);
-                }
+            if let Some(f) = st.pop(&key) {
+                self.queued.fetch_sub(1, Ordering::SeqCst);
+                return Ok(f);
             }
             if let Some(e) = status(&Health { failed: &st.failed, revoked: &st.revoked }) {
                 return Err(e);
