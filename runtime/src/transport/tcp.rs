@@ -17,9 +17,6 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::rendezvous::Store;
 use crate::wire::{FrameHeader, FrameKind, HEADER_LEN};
 
-/// Small payloads go out in the same write as their header.
-const COALESCE_BYTES: usize = 64 << 10;
-
 struct TcpLink {
     peer: u32,
     /// The socket's descriptor, for what must not wait for the writer lock (a sender may hold it
@@ -62,19 +59,44 @@ fn send_all(sock: &TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Sends `head` then `payload`, starting with one `sendmsg` of both: a small frame leaves in
+/// one segment without being copied into a buffer of its own first.
+fn send_both(sock: &TcpStream, head: &[u8], payload: &[u8]) -> std::io::Result<()> {
+    loop {
+        let mut iov = [
+            libc::iovec { iov_base: head.as_ptr() as *mut libc::c_void, iov_len: head.len() },
+            libc::iovec { iov_base: payload.as_ptr() as *mut libc::c_void, iov_len: payload.len() },
+        ];
+        // SAFETY: a zeroed msghdr is valid (no name, no control data); it points at `iov`,
+        // whose two entries cover exactly the readable `head` and `payload`.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = iov.len() as _;
+        // SAFETY: as above; the fd is owned by `sock`.
+        let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        let n = n as usize;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        return match n.checked_sub(head.len()) {
+            None => send_all(sock, &head[n..]).and_then(|_| send_all(sock, payload)),
+            Some(sent) => send_all(sock, &payload[sent..]),
+        };
+    }
+}
+
 impl Link for TcpLink {
     fn send(&self, hdr: &FrameHeader, payload: &[u8]) -> std::io::Result<()> {
         let head = hdr.encode();
         let sock = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        if payload.len() <= COALESCE_BYTES {
-            let mut one = Vec::with_capacity(HEADER_LEN + payload.len());
-            one.extend_from_slice(&head);
-            one.extend_from_slice(payload);
-            send_all(&sock, &one)
-        } else {
-            send_all(&sock, &head)?;
-            send_all(&sock, payload)
-        }
+        send_both(&sock, &head, payload)
     }
 
     fn close(&self, graceful: bool) {
