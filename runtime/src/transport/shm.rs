@@ -14,11 +14,12 @@
 //! processes may read each other's memory with `process_vm_readv` (pid namespaces, ptrace policy
 //! or seccomp may forbid it; `HCCN_CMA=off` does), a sender that can wait for completion
 //! ([`Shm::send_desc`], used by the pipelined ring) writes a one-slot descriptor of its buffer
-//! instead of the payload. The receiver reads the payload from the sender's memory in pieces into
-//! a scratch buffer and hands them to its sink, then acknowledges it in the control block; the
-//! sender leaves its buffer alone until then ([`Shm::wait_sent`]), or withdraws what was not read
-//! yet when its operation fails ([`Shm::withdraw`]). Plain sends always use the ring: a sender
-//! blocked until its receiver reads could wait in a cycle of ranks that all send first.
+//! instead of the payload. The receiver reads the payload from the sender's memory (with plain
+//! loads when it lies in shareable memory the receiver has mapped, see `mem.rs`) and hands it to
+//! its sink, then acknowledges it in the control block; the sender leaves its buffer alone until
+//! then ([`Shm::wait_sent`]), or withdraws what was not read yet when its operation fails
+//! ([`Shm::withdraw`]). Plain sends always use the ring: a sender blocked until its receiver
+//! reads could wait in a cycle of ranks that all send first.
 //!
 //! Waits spin briefly (not at all when the host's ranks outnumber its cores), then yield, then
 //! sleep on a futex in the shared page (woken by the other side, or after 1 ms to look at the
@@ -1103,10 +1104,7 @@ fn cma_take(p: &ShmPeer, st: &mut RxState, src: u32, d: Desc, inbox: &Inbox, out
     let total = d.len as usize;
     let r = match d.region {
         Some(region) => match st.maps.view(pid, &region, d.addr, total) {
-            Ok(Some(mapped)) => {
-                take_mapped(mapped, out);
-                Ok(())
-            }
+            Ok(Some(mapped)) => take_mapped(mapped, out),
             Ok(None) => take_cma(pid, d.addr, total, &mut st.scratch, out),
             Err(e) => {
                 ring.acknowledge(d.index);
@@ -1121,18 +1119,14 @@ fn cma_take(p: &ShmPeer, st: &mut RxState, src: u32, d: Desc, inbox: &Inbox, out
 
 /// Hands a payload mapped into this process to `out`, piece by piece where a piece is then read
 /// again (so that it is still in cache).
-fn take_mapped(src: &[u8], out: &mut Out<'_>) {
+fn take_mapped(src: &[u8], out: &mut Out<'_>) -> std::io::Result<()> {
+    let short = || std::io::Error::other("a frame longer than its buffer");
     match out {
-        Out::Into(buf) => {
-            if let Some(dst) = buf.get_mut(..src.len()) {
-                dst.copy_from_slice(src);
-            }
-        }
+        Out::Into(buf) => buf.get_mut(..src.len()).ok_or_else(short)?.copy_from_slice(src),
         Out::IntoThen(buf, then) => {
-            if let Some(dst) = buf.get_mut(..src.len()) {
-                for (i, (d, s)) in dst.chunks_mut(CMA_PIECE).zip(src.chunks(CMA_PIECE)).enumerate() {
-                    then(d, Some(s), i * CMA_PIECE);
-                }
+            let dst = buf.get_mut(..src.len()).ok_or_else(short)?;
+            for (i, (d, s)) in dst.chunks_mut(CMA_PIECE).zip(src.chunks(CMA_PIECE)).enumerate() {
+                then(d, Some(s), i * CMA_PIECE);
             }
         }
         Out::Pieces(piece) => {
@@ -1141,6 +1135,7 @@ fn take_mapped(src: &[u8], out: &mut Out<'_>) {
             }
         }
     }
+    Ok(())
 }
 
 /// Reads `total` bytes at `addr` in process `pid` into `out` with `process_vm_readv`.
