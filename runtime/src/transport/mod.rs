@@ -68,6 +68,9 @@ struct InboxState {
     departed: BTreeSet<u32>,
     /// Communicators revoked here or by a peer.
     revoked: HashSet<u64>,
+    /// Frames whose sender withdrew one of them (its operation failed): the rest of them is
+    /// dropped, so that no receive takes a later frame for the withdrawn one.
+    given_up: HashSet<Key>,
 }
 
 /// Emptied queues kept at most.
@@ -146,7 +149,12 @@ impl Inbox {
 
     pub fn push(&self, src: u32, frame: Frame) {
         let key = Key { src, kind: frame.hdr.kind, comm_id: frame.hdr.comm_id, seq: frame.hdr.seq };
-        self.lock().push(key, frame);
+        let mut st = self.lock();
+        if st.given_up.contains(&key) {
+            return;
+        }
+        st.push(key, frame);
+        drop(st);
         self.queued.fetch_add(1, Ordering::SeqCst);
         self.bump();
         self.changed.notify_all();
@@ -215,9 +223,29 @@ impl Inbox {
         self.changed.notify_all();
     }
 
+    /// Records that the sender of `key`'s frames withdrew one of them: its operation failed.
+    /// What is queued under `key` and whatever arrives later is dropped, and waiters look.
+    pub fn give_up(&self, key: Key) {
+        let mut st = self.lock();
+        if !st.given_up.insert(key) {
+            return;
+        }
+        let dropped = st.queues.remove(&key).map_or(0, |q| q.len());
+        drop(st);
+        self.queued.fetch_sub(dropped, Ordering::SeqCst);
+        self.trouble();
+        self.changed.notify_all();
+    }
+
+    /// True once [`Inbox::give_up`] was called for `key`.
+    pub fn given_up(&self, key: Key) -> bool {
+        self.lock().given_up.contains(&key)
+    }
+
     /// Drops frames queued for a communicator that no longer exists here.
     pub fn purge(&self, comm_id: u64) {
         let mut st = self.lock();
+        st.given_up.retain(|k| k.comm_id != comm_id);
         let mut dropped = 0;
         st.queues.retain(|k, q| {
             let keep = k.comm_id != comm_id;

@@ -853,7 +853,7 @@ impl Shm {
             let g = inbox.generation();
             if g != gen {
                 gen = g;
-                if inbox.queued() > 0 {
+                if inbox.queued() > 0 && withdrawn.is_none() {
                     if let Some(f) = inbox.try_take(key) {
                         (sink.check)(&f.hdr)?;
                         sink.piece(0, &f.payload);
@@ -864,18 +864,25 @@ impl Shm {
                 // peer wrote before it died or left is still delivered.
                 if inbox.troubles() != 0 {
                     ended = inbox.ended(key.src, status);
+                    if withdrawn.is_none() && inbox.given_up(key) {
+                        withdrawn = Some(Instant::now());
+                    }
                 }
             }
-            if let Ok(mut st) = p.rx_state.try_lock() {
-                match self.poll(p, &mut st, key, inbox, deadline, sink)? {
-                    Polled::Done => return Ok(()),
-                    Polled::Progress => {
-                        backoff.reset();
-                        continue;
-                    }
-                    Polled::Nothing => {}
-                    Polled::Withdrawn => {
-                        withdrawn = Some(Instant::now());
+            // Once the sender withdrew a frame of ours, its later ones must not be taken for it.
+            if withdrawn.is_none() {
+                if let Ok(mut st) = p.rx_state.try_lock() {
+                    match self.poll(p, &mut st, key, inbox, deadline, sink)? {
+                        Polled::Done => return Ok(()),
+                        Polled::Progress => {
+                            backoff.reset();
+                            continue;
+                        }
+                        Polled::Nothing => {}
+                        Polled::Withdrawn => {
+                            inbox.give_up(key);
+                            withdrawn = Some(Instant::now());
+                        }
                     }
                 }
             }
@@ -902,6 +909,11 @@ impl Shm {
                     )));
                 }
                 self.drain(Some(key.src), inbox);
+                if withdrawn.is_some() {
+                    // Only news can end this wait now; the ring may hold the rest of the frame.
+                    std::thread::sleep(NAP);
+                    continue;
+                }
                 let ring = &p.rx;
                 let seen = ring.data_word().load(Ordering::SeqCst);
                 ring.data_sleepers().fetch_add(1, Ordering::SeqCst);
@@ -1038,10 +1050,12 @@ fn fill(p: &ShmPeer, st: &mut RxState, src: u32, inbox: &Inbox) -> Result<bool> 
                 moved = true;
                 st.cma_next += 1;
                 let mut buf = vec![0u8; d.len as usize];
-                // A withdrawn descriptor's frame is dropped: its sender's operation failed, and
-                // so does the wait for it, through the communicator's state.
+                // A withdrawn descriptor's frame is dropped, and so are the later frames of
+                // its wait (its sender's operation failed), which then fails.
                 if cma_take(p, st, src, d, inbox, &mut Out::Into(&mut buf))? {
                     st.partial = Some(Partial { hdr, buf });
+                } else {
+                    inbox.give_up(Key { src, kind: hdr.kind, comm_id: hdr.comm_id, seq: hdr.seq });
                 }
             }
             (None, Some(raw)) => {
@@ -1460,6 +1474,39 @@ mod tests {
         assert_eq!(recv(&rx, &rx_inbox, key(4)).ok().as_deref(), Some(&b"hello"[..]));
         assert_eq!(tx.send_desc(1, &hdr(5, payload.len()), payload, &tx_inbox, t).ok(), Some(Some(4)));
         assert_eq!(recv(&rx, &rx_inbox, key(5)).ok().as_ref(), Some(&want));
+    }
+
+    #[test]
+    fn after_a_withdrawn_descriptor_the_rest_of_its_frames_is_never_taken_for_it() {
+        // A sender posted two chunks of one wait (the second shorter, as a segment's last) and
+        // withdrew the first when its operation failed: the receiver must end its wait with the
+        // sender's failure, not take the second chunk for the first (which was refused as a
+        // protocol error, excluding a live rank from the next agreement). Read from the ring
+        // by the receive itself, and moved by a drain first.
+        for drained in [false, true] {
+            let (tx, rx) = pair(true, true);
+            let (tx_inbox, rx_inbox) = (Inbox::default(), Inbox::default());
+            let t = Duration::from_secs(2);
+            let (first, last) = (vec![1u8; CMA_MIN * 2], vec![2u8; CMA_MIN]);
+            let a = tx.send_desc(1, &hdr(7, first.len()), &first, &tx_inbox, t).ok().flatten();
+            let b = tx.send_desc(1, &hdr(7, last.len()), &last, &tx_inbox, t).ok().flatten();
+            tx.withdraw(1, a.unwrap_or(0), &tx_inbox, t);
+            if drained {
+                rx.drain(None, &rx_inbox);
+            }
+            let mut check = |h: &FrameHeader| match h.len as usize == first.len() {
+                true => Ok(()),
+                false => Err(Error::new(ErrorKind::Transfer, "took a later chunk for the withdrawn one")),
+            };
+            let mut ignore = |_: usize, _: &[u8]| {};
+            let mut sink = Sink { check: &mut check, out: Out::Pieces(&mut ignore) };
+            let e = rx.recv(key(7), &rx_inbox, crate::transport::NEWS_GRACE * 3, &|_| None, &mut sink).err();
+            assert_eq!(e.map(|e| e.kind()), Some(ErrorKind::Remote), "drained={drained}");
+            tx.withdraw(1, b.unwrap_or(1), &tx_inbox, t);
+            // The pair stays usable for other waits.
+            tx.send(1, &hdr(8, 5), b"hello", &tx_inbox, t).expect("send");
+            assert_eq!(recv(&rx, &rx_inbox, key(8)).ok().as_deref(), Some(&b"hello"[..]), "drained={drained}");
+        }
     }
 
     #[test]
