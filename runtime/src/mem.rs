@@ -91,7 +91,7 @@ pub fn alloc(len: usize) -> Result<NonNull<u8>> {
     if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
         return Err(os_error("sealing shareable memory"));
     }
-    let ino = inode(&fd)?;
+    let ino = stat(&fd).map_err(|e| Error::io(ErrorKind::System, "fstat", &e))?.st_ino;
     let prot = libc::PROT_READ | libc::PROT_WRITE;
     // SAFETY: a fresh shared mapping of the whole file; checked for MAP_FAILED.
     let ptr = unsafe { libc::mmap(std::ptr::null_mut(), size, prot, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
@@ -136,14 +136,15 @@ pub(crate) fn find(addr: usize, len: usize) -> Option<RegionRef> {
     })
 }
 
-fn inode(fd: &OwnedFd) -> Result<u64> {
+/// The file behind `fd`'s status (inode, size).
+fn stat(fd: &OwnedFd) -> std::io::Result<libc::stat> {
     // SAFETY: `st` is a plain struct the kernel fills.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: a live descriptor and a writable stat buffer.
     if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(os_error("fstat"));
+        return Err(std::io::Error::last_os_error());
     }
-    Ok(st.st_ino)
+    Ok(st)
 }
 
 /// `len` zeroed bytes of shareable memory, freed on drop (the Rust face of [`alloc`]).
@@ -289,14 +290,10 @@ impl PeerMaps {
         let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
         // The number may since have been closed and reused for another file: it must be the
         // region's, sealed against shrinking (so that reading it never faults).
-        let ino = inode(&fd).map_err(|e| std::io::Error::other(e.message().to_owned()))?;
+        let st = stat(&fd)?;
         // SAFETY: as above.
         let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-        // SAFETY: a plain struct the kernel fills.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: a live descriptor and a writable stat buffer.
-        let sized = unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0 && st.st_size as u64 >= r.len;
-        if ino != r.ino || seals < 0 || seals & libc::F_SEAL_SHRINK == 0 || !sized {
+        if st.st_ino != r.ino || seals < 0 || seals & libc::F_SEAL_SHRINK == 0 || (st.st_size as u64) < r.len {
             return Err(std::io::Error::other("the descriptor number names another file now"));
         }
         let len = usize::try_from(r.len).map_err(|_| std::io::Error::other("region too large"))?;

@@ -685,7 +685,7 @@ impl Shm {
             p.tx.cma_state(d.index).store(d.index << 2 | POSTED, Ordering::Relaxed);
         }
         let mut encoded = [0u8; Desc::IN_REGION];
-        let n = d.encode(&mut encoded);
+        let n = if desc { d.encode(&mut encoded) } else { 0 };
         let (payload, flags) = if desc { (&encoded[..n], CMA) } else { (payload, 0) };
         let ring = &p.tx;
         let mut n = ring.head().load(Ordering::Relaxed);

@@ -40,29 +40,10 @@ impl LastHeard {
     }
 }
 
-fn send_all(sock: &TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
-    while !buf.is_empty() {
-        // SAFETY: buf is a valid readable slice for its whole length; the fd is owned by `sock`.
-        let n = unsafe { libc::send(sock.as_raw_fd(), buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        buf = &buf[n as usize..];
-    }
-    Ok(())
-}
-
-/// Sends `head` then `payload`, starting with one `sendmsg` of both: a small frame leaves in
-/// one segment without being copied into a buffer of its own first.
-fn send_both(sock: &TcpStream, head: &[u8], payload: &[u8]) -> std::io::Result<()> {
-    loop {
+/// Sends `head` then `payload` whole, with `sendmsg` of both (a small frame leaves in one
+/// segment without being copied into a buffer of its own first), resuming after partial writes.
+fn send_all(sock: &TcpStream, mut head: &[u8], mut payload: &[u8]) -> std::io::Result<()> {
+    while !head.is_empty() || !payload.is_empty() {
         let mut iov = [
             libc::iovec { iov_base: head.as_ptr() as *mut libc::c_void, iov_len: head.len() },
             libc::iovec { iov_base: payload.as_ptr() as *mut libc::c_void, iov_len: payload.len() },
@@ -81,29 +62,28 @@ fn send_both(sock: &TcpStream, head: &[u8], payload: &[u8]) -> std::io::Result<(
             }
             return Err(e);
         }
-        let n = n as usize;
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
-        return match n.checked_sub(head.len()) {
-            None => send_all(sock, &head[n..]).and_then(|_| send_all(sock, payload)),
-            Some(sent) => send_all(sock, &payload[sent..]),
-        };
+        let from_head = (n as usize).min(head.len());
+        head = &head[from_head..];
+        payload = &payload[n as usize - from_head..];
     }
+    Ok(())
 }
 
 impl Link for TcpLink {
     fn send(&self, hdr: &FrameHeader, payload: &[u8]) -> std::io::Result<()> {
         let head = hdr.encode();
         let sock = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        send_both(&sock, &head, payload)
+        send_all(&sock, &head, payload)
     }
 
     fn close(&self, graceful: bool) {
         self.closing.store(true, Ordering::SeqCst);
         if graceful {
             let sock = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-            let _ = send_all(&sock, &GOODBYE.encode());
+            let _ = send_all(&sock, &GOODBYE.encode(), &[]);
         }
         // SAFETY: `fd` stays open as long as `writer` (owned by self) lives.
         unsafe { libc::shutdown(self.fd, libc::SHUT_RDWR) };
@@ -140,7 +120,7 @@ impl Link for TcpLink {
     fn farewell(&self) {
         // A frame half-written by another thread must not be interleaved with ours.
         if let Ok(sock) = self.writer.try_lock() {
-            let _ = send_all(&sock, &GOODBYE.encode());
+            let _ = send_all(&sock, &GOODBYE.encode(), &[]);
             let _ = sock.shutdown(Shutdown::Write);
         }
     }
@@ -252,7 +232,7 @@ pub(crate) fn connect_peer(
         }
     };
     auth::client(&mut sock, token, Purpose::Peer, cfg.timeout).map_err(|e| e.context(format!("world rank {peer}")))?;
-    send_all(&sock, &hello(mesh, rank, size)).map_err(|e| Error::io(ErrorKind::Connect, "hello", &e))?;
+    send_all(&sock, &hello(mesh, rank, size), &[]).map_err(|e| Error::io(ErrorKind::Connect, "hello", &e))?;
     Ok(sock)
 }
 
