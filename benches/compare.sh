@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Side-by-side allreduce benchmark, in one run: hccn (hccn-perf), Open MPI (shared memory and
 # TCP, our own MPI_Allreduce program) and Gloo (torch.distributed, our own program), fp32 sum,
-# 4 B .. 256 MiB, 2 and 4 ranks, with memcpy and loopback iperf3 as the limits; prints one
-# table per rank count with hccn/peer ratios. Installs what is missing (Debian openmpi-bin,
+# 4 B .. 256 MiB, 2 and 4 ranks, hccn both on its default transports and with
+# HCCN_TRANSPORT=tcp (compared with the TCP peers), with memcpy and loopback iperf3 (one stream,
+# and both directions at once as an allreduce uses it) as the limits; prints one table per rank
+# count with hccn/peer ratios. Installs what is missing (Debian openmpi-bin,
 # libopenmpi-dev, iperf3; torch comes from /opt/hccn/venvs/torch, made by
-# scripts/setup-python.sh torch). Takes about 5 minutes on the 2-core machine; nothing here is a
+# scripts/setup-python.sh torch). Takes about 7 minutes on the 2-core machine; nothing here is a
 # test. Usage: bash benches/compare.sh [--quick]   (--quick: up to 16 MiB, for a smoke run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,6 +57,12 @@ iperf_pid=$!
 sleep 0.5
 iperf3 -c 127.0.0.1 -p "$port" -t 3 -J >"$out/iperf3.json" 2>/dev/null || log "iperf3 failed"
 wait "$iperf_pid" 2>/dev/null || true
+# Both directions at once: each rank of a TCP allreduce sends and receives as much.
+iperf3 -s -1 -p "$port" >/dev/null 2>&1 &
+iperf_pid=$!
+sleep 0.5
+iperf3 -c 127.0.0.1 -p "$port" -t 3 --bidir -J >"$out/iperf3-bidir.json" 2>/dev/null || log "iperf3 --bidir failed"
+wait "$iperf_pid" 2>/dev/null || true
 iperf_pid=""
 
 # --- the runs ----------------------------------------------------------------------------------
@@ -77,6 +85,14 @@ for n in 2 4; do
             "$bin/hccnrun" -n "$n" "$bin/hccn-perf" -R -b 16M -e "$max" -f 4 -w 1 -n 3
         fi
     } >"$out/hccn-reg-np$n.txt" 2>"$out/hccn-reg-np$n.err" || log "hccn -R with $n ranks failed: $(tail -3 "$out/hccn-reg-np$n.err")"
+    log "hccn over TCP only (HCCN_TRANSPORT=tcp), $n ranks"
+    {
+        HCCN_TRANSPORT=tcp "$bin/hccnrun" -n "$n" "$bin/hccn-perf" -b 4 -e 64K -f 4 -w 10 -n 100
+        HCCN_TRANSPORT=tcp "$bin/hccnrun" -n "$n" "$bin/hccn-perf" -b 256K -e 4M -f 4 -w 3 -n 10
+        if ((max >= 16 << 20)); then
+            HCCN_TRANSPORT=tcp "$bin/hccnrun" -n "$n" "$bin/hccn-perf" -b 16M -e "$max" -f 4 -w 1 -n 3
+        fi
+    } >"$out/hccn-tcp-np$n.txt" 2>"$out/hccn-tcp-np$n.err" || log "hccn tcp with $n ranks failed: $(tail -3 "$out/hccn-tcp-np$n.err")"
     log "Open MPI shared memory, $n ranks"
     "${mpirun_[@]}" -np "$n" --mca btl self,vader "$out/allreduce_mpi" 4 "$max" 4 \
         >"$out/mpi-shm-np$n.txt" 2>"$out/mpi-shm-np$n.err" || log "MPI shm failed: $(tail -3 "$out/mpi-shm-np$n.err")"

@@ -1,11 +1,18 @@
 """Merges the outputs of benches/compare.sh into one table per rank count.
-Usage: python3 table.py DIR. Reads DIR/{hccn,hccn-reg,mpi-shm,mpi-tcp,gloo}-np{2,4}.txt ("bytes us"
-lines, or hccn-perf tables; hccn-reg is hccn-perf -R, buffers from hccn_mem_alloc), DIR/memcpy.txt (hccn-kernel-bench output) and DIR/iperf3.json."""
+Usage: python3 table.py DIR. Reads DIR/{hccn,hccn-reg,hccn-tcp,mpi-shm,mpi-tcp,gloo}-np{2,4}.txt ("bytes us"
+lines, or hccn-perf tables; hccn-reg is hccn-perf -R, buffers from hccn_mem_alloc; hccn-tcp is
+HCCN_TRANSPORT=tcp), DIR/memcpy.txt (hccn-kernel-bench output), DIR/iperf3.json and
+DIR/iperf3-bidir.json."""
 import json
 import os
 import sys
 
 PEERS = [("mpi-shm", "MPI shm"), ("mpi-tcp", "MPI tcp"), ("gloo", "Gloo")]
+# (hccn run, peer): hccn on its default transports against the shared-memory MPI and Gloo (what
+# a user would pick on one host), hccn over TCP only against the two TCP peers (Gloo has no
+# other transport).
+RATIOS = [("hccn", "mpi-shm"), ("hccn", "gloo"), ("hccn-tcp", "mpi-tcp"), ("hccn-tcp", "gloo")]
+HCCN_NAMES = {"hccn": "hccn", "hccn-tcp": "hccn tcp"}
 
 
 def read_times(path):
@@ -41,6 +48,15 @@ def label(b):
     return f"{b} B"
 
 
+def iperf_gbs(path, keys):
+    """GB/s received, summed over the `keys` of an iperf3 -J result's "end"; None if missing."""
+    try:
+        end = json.load(open(path))["end"]
+        return sum(end[k]["bits_per_second"] for k in keys) / 8e9
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def main():
     d = sys.argv[1]
     memcpy = {}
@@ -49,33 +65,29 @@ def main():
             f = line.split()
             if len(f) >= 3 and f[0].isdigit() and f[1] == "memcpy":
                 memcpy[int(f[0])] = float(f[2])
-    iperf = None
-    try:
-        j = json.load(open(os.path.join(d, "iperf3.json")))
-        iperf = j["end"]["sum_received"]["bits_per_second"] / 8e9
-    except (OSError, ValueError, KeyError):
-        pass
+    iperf = iperf_gbs(os.path.join(d, "iperf3.json"), ["sum_received"])
+    bidir = iperf_gbs(os.path.join(d, "iperf3-bidir.json"), ["sum_received", "sum_received_bidir_reverse"])
     print("AllReduce fp32 sum, in one run on this machine. Cells: latency us / busbw GB/s "
           "(busbw = bytes/time * 2(n-1)/n).")
     print("Ratios are peer time / hccn time (heap buffers, as the peers use): above 1 hccn is faster.")
     print("hccn -R: hccn-perf -R, buffers from hccn_mem_alloc, which same-host peers map and read in place.")
+    print("hccn tcp: HCCN_TRANSPORT=tcp, every byte over loopback TCP, compared with the TCP peers.")
+    names = dict(PEERS)
     for n in (2, 4):
-        hccn = read_times(os.path.join(d, f"hccn-np{n}.txt"))
-        reg = read_times(os.path.join(d, f"hccn-reg-np{n}.txt"))
+        runs = {k: read_times(os.path.join(d, f"{k}-np{n}.txt")) for k in ("hccn", "hccn-reg", "hccn-tcp")}
         peers = {k: read_times(os.path.join(d, f"{k}-np{n}.txt")) for k, _ in PEERS}
-        sizes = sorted(set(hccn) | {s for p in peers.values() for s in p})
+        sizes = sorted({s for t in list(runs.values()) + list(peers.values()) for s in t})
         if not sizes:
             continue
-        head = ["size", f"hccn np{n}", f"hccn -R np{n}"] + [f"{name} np{n}" for _, name in PEERS]
-        head += [f"hccn vs {name}" for _, name in PEERS] + ["memcpy GB/s"]
+        head = ["size", f"hccn np{n}", f"hccn -R np{n}", f"hccn tcp np{n}"] + [f"{name} np{n}" for _, name in PEERS]
+        head += [f"{HCCN_NAMES[h]} vs {names[p]}" for h, p in RATIOS] + ["memcpy GB/s"]
         rows = []
         for s in sizes:
-            h = hccn.get(s)
-            row = [label(s), cell(h, s, n), cell(reg.get(s), s, n)]
+            row = [label(s)] + [cell(runs[k].get(s), s, n) for k in ("hccn", "hccn-reg", "hccn-tcp")]
             row += [cell(peers[k].get(s), s, n) for k, _ in PEERS]
-            for k, _ in PEERS:
-                p = peers[k].get(s)
-                row.append(f"{p / h:.2f}x" if h and p else "-")
+            for h, p in RATIOS:
+                ht, pt = runs[h].get(s), peers[p].get(s)
+                row.append(f"{pt / ht:.2f}x" if ht and pt else "-")
             row.append(f"{memcpy[s]:.1f}" if s in memcpy else "")
             rows.append(row)
         widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
@@ -85,8 +97,12 @@ def main():
         for r in rows:
             print("| " + " | ".join(c.rjust(w) for c, w in zip(r, widths)) + " |")
     print()
+    one = f"{iperf:.2f} GB/s" if iperf else "not measured"
+    both = f"{bidir:.2f} GB/s" if bidir else "not measured"
     print("Limits: memcpy (1 thread, GB/s of bytes copied) in the last column where measured; "
-          + (f"loopback TCP (iperf3, 1 stream, 3 s): {iperf:.2f} GB/s." if iperf else "iperf3: not measured."))
+          f"loopback TCP (iperf3, 3 s): 1 stream {one}, both directions at once (--bidir, the sum) {both}. "
+          "In a ring allreduce each of n ranks sends busbw x time bytes, so together they move n x busbw "
+          "through loopback: with 2 ranks busbw can reach at most half of the --bidir sum.")
 
 
 if __name__ == "__main__":
