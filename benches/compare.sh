@@ -6,7 +6,7 @@
 # and both directions at once as an allreduce uses it) as the limits; prints one table per rank
 # count with hccn/peer ratios. Installs what is missing (Debian openmpi-bin,
 # libopenmpi-dev, iperf3; torch comes from /opt/hccn/venvs/torch, made by
-# scripts/setup-python.sh torch). Takes about 7 minutes on the 2-core machine; nothing here is a
+# scripts/setup-python.sh torch). Takes 3 to 5 minutes on the 2-core machine; nothing here is a
 # test. Usage: bash benches/compare.sh [--quick]   (--quick: up to 16 MiB, for a smoke run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
