@@ -137,7 +137,17 @@ fn lost(e: &std::io::Error) -> String {
 }
 
 fn reader_loop(mut sock: TcpStream, peer: u32, inbox: Arc<Inbox>, closing: Arc<AtomicBool>, heard: Arc<LastHeard>) {
+    let fd = sock.as_raw_fd();
     let reason = loop {
+        // Frames of an operation follow each other closely: look for the next one a while
+        // before sleeping in `read` (see TCP_POLL). Readable, closed or failed all end the
+        // look; the read then says which.
+        super::poll_yielding(super::TCP_POLL, || {
+            let mut b = [0u8; 1];
+            // SAFETY: peeks at most one byte into a local buffer; `sock` owns `fd`.
+            let n = unsafe { libc::recv(fd, b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+            n >= 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock
+        });
         let mut head = [0u8; HEADER_LEN];
         if let Err(e) = sock.read_exact(&mut head) {
             break lost(&e);
