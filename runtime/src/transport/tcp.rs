@@ -136,6 +136,34 @@ fn lost(e: &std::io::Error) -> String {
     }
 }
 
+/// Reads exactly `len` bytes into the empty `buf`'s reserved capacity: whatever the socket
+/// holds at each call (`read_to_end` reads in pieces from 8 KiB up, a call each), and without
+/// zero-filling first, which would touch every byte twice.
+fn read_payload(sock: &TcpStream, buf: &mut Vec<u8>, len: usize) -> std::io::Result<()> {
+    buf.clear();
+    buf.reserve_exact(len);
+    while buf.len() < len {
+        let want = len - buf.len();
+        let spare = &mut buf.spare_capacity_mut()[..want];
+        // SAFETY: `spare` is writable memory of its length inside `buf`'s allocation; the fd is
+        // owned by `sock`.
+        let n = unsafe { libc::recv(sock.as_raw_fd(), spare.as_mut_ptr().cast(), spare.len(), 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        // SAFETY: the kernel initialised the first `n` bytes of `spare`, which follow `len()`.
+        unsafe { buf.set_len(buf.len() + n as usize) };
+    }
+    Ok(())
+}
+
 fn reader_loop(mut sock: TcpStream, peer: u32, inbox: Arc<Inbox>, closing: Arc<AtomicBool>, heard: Arc<LastHeard>) {
     let fd = sock.as_raw_fd();
     let reason = loop {
@@ -171,12 +199,13 @@ fn reader_loop(mut sock: TcpStream, peer: u32, inbox: Arc<Inbox>, closing: Arc<A
             FrameKind::Heartbeat => break format!("refused a heartbeat carrying {} bytes", hdr.len),
             _ => {}
         }
-        // Read into reserved capacity: zero-filling first would touch every byte twice.
         let len = hdr.len as usize;
         let mut payload = super::pool::take(len);
-        match (&mut sock).take(len as u64).read_to_end(&mut payload) {
-            Ok(n) if n == len => {}
-            Ok(_) => break "connection closed inside a frame (the process exited or was killed)".to_owned(),
+        match read_payload(&sock, &mut payload, len) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                break "connection closed inside a frame (the process exited or was killed)".to_owned()
+            }
             Err(e) => break format!("inside a frame: {}", lost(&e)),
         }
         heard.now();
@@ -433,6 +462,37 @@ mod tests {
         let got = got.expect("the member is accepted although three connections stall");
         assert_eq!(got.iter().map(|(r, _)| *r).collect::<Vec<_>>(), vec![1]);
         drop(stalled);
+    }
+
+    fn socket_pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let a = TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (b, _) = listener.accept().expect("accept");
+        (a, b)
+    }
+
+    #[test]
+    fn a_payload_is_read_whole_across_pieces_and_a_cut_one_is_an_eof() {
+        let (mut tx, rx) = socket_pair();
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let writer = {
+            let data = data.clone();
+            std::thread::spawn(move || {
+                use std::io::Write;
+                for piece in data.chunks(70_001) {
+                    tx.write_all(piece).expect("write");
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                // Half of a second frame, then the connection ends.
+                tx.write_all(&data[..1000]).expect("write");
+            })
+        };
+        let mut buf = vec![7u8; 3];
+        read_payload(&rx, &mut buf, data.len()).expect("whole payload");
+        assert_eq!(buf, data);
+        writer.join().expect("writer");
+        let cut = read_payload(&rx, &mut buf, 2000).expect_err("the peer closed inside the frame");
+        assert_eq!(cut.kind(), std::io::ErrorKind::UnexpectedEof);
     }
 
     #[test]
