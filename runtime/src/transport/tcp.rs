@@ -166,16 +166,22 @@ fn read_payload(sock: &TcpStream, buf: &mut Vec<u8>, len: usize) -> std::io::Res
 
 fn reader_loop(mut sock: TcpStream, peer: u32, inbox: Arc<Inbox>, closing: Arc<AtomicBool>, heard: Arc<LastHeard>) {
     let fd = sock.as_raw_fd();
+    // Whether the last frame carried data: only then is another likely to follow soon.
+    let mut in_traffic = false;
     let reason = loop {
         // Frames of an operation follow each other closely: look for the next one a while
-        // before sleeping in `read` (see TCP_POLL). Readable, closed or failed all end the
-        // look; the read then says which.
-        super::poll_yielding(super::TCP_POLL, || {
-            let mut b = [0u8; 1];
-            // SAFETY: peeks at most one byte into a local buffer; `sock` owns `fd`.
-            let n = unsafe { libc::recv(fd, b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
-            n >= 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock
-        });
+        // before sleeping in `read` (see TCP_POLL), but not after a heartbeat, where the look
+        // would only take time from the ranks sharing our cores. Readable, closed or failed
+        // all end the look; the read then says which.
+        if in_traffic {
+            super::poll_yielding(super::TCP_POLL, || {
+                let mut b = [0u8; 1];
+                // SAFETY: peeks at most one byte into a local buffer; `sock` owns `fd`.
+                let n = unsafe { libc::recv(fd, b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+                n >= 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock
+            });
+        }
+        in_traffic = false;
         let mut head = [0u8; HEADER_LEN];
         if let Err(e) = sock.read_exact(&mut head) {
             break lost(&e);
@@ -209,6 +215,7 @@ fn reader_loop(mut sock: TcpStream, peer: u32, inbox: Arc<Inbox>, closing: Arc<A
             Err(e) => break format!("inside a frame: {}", lost(&e)),
         }
         heard.now();
+        in_traffic = true;
         inbox.push(peer, Frame { hdr, payload });
     };
     if !closing.load(Ordering::SeqCst) {
