@@ -61,6 +61,12 @@ pub(crate) trait Link: Send + Sync {
     fn silent_for(&self) -> Duration;
     /// True when bytes from the peer are waiting to be read (it spoke; we did not listen yet).
     fn has_unread(&self) -> bool;
+    /// Takes one frame off the connection into the inbox if that can be done at once (the
+    /// whole frame is there and no other thread is reading), so that a receive that waits
+    /// for it need not wait for the link's reader thread; true when it did.
+    fn pump(&self) -> bool {
+        false
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -346,7 +352,14 @@ impl Inbox {
 
     /// Waits for the next frame under `key`. Before each sleep `status` may end the wait with the
     /// communicator's error (aborted, a member failed); the wait never outlasts `timeout`.
-    pub fn take(&self, key: Key, timeout: Duration, status: &dyn Fn(&Health<'_>) -> Option<Error>) -> Result<Frame> {
+    /// While it polls (see TCP_POLL) it calls `pump`, which may file frames itself.
+    pub fn take(
+        &self,
+        key: Key,
+        timeout: Duration,
+        status: &dyn Fn(&Health<'_>) -> Option<Error>,
+        pump: &dyn Fn() -> bool,
+    ) -> Result<Frame> {
         let deadline = Instant::now() + timeout;
         let mut left_at: Option<Instant> = None;
         let poll_end = Instant::now() + TCP_POLL.min(timeout);
@@ -365,7 +378,7 @@ impl Inbox {
                 // sends us back to look.
                 let seen = self.generation();
                 drop(st);
-                poll_yielding(poll_end - now, || self.generation() != seen);
+                poll_yielding(poll_end - now, || pump() || self.generation() != seen);
                 st = self.lock();
                 continue;
             }
@@ -496,15 +509,17 @@ impl Net {
         if self.shm.has(key.src) {
             return self.shm.recv(key, &self.inbox, timeout, status, sink);
         }
+        let link = self.links.get(key.src);
+        let pump = || link.as_ref().is_some_and(|l| l.pump());
         let frame = if self.shm.is_empty() {
-            self.inbox.take(key, timeout, status)?
+            self.inbox.take(key, timeout, status, &pump)?
         } else {
             // Wait in slices, keeping the shared-memory rings moving meanwhile: a local sender
             // blocked on a full ring must not wait for this remote frame.
             let deadline = Instant::now() + timeout;
             loop {
                 let left = deadline.saturating_duration_since(Instant::now());
-                match self.inbox.take(key, left.min(Duration::from_millis(2)), status) {
+                match self.inbox.take(key, left.min(Duration::from_millis(2)), status, &pump) {
                     Ok(f) => break f,
                     Err(e) if e.kind() == ErrorKind::Timeout && !left.is_zero() => self.shm.drain(None, &self.inbox),
                     Err(e) if e.kind() == ErrorKind::Timeout => {
