@@ -13,26 +13,6 @@ pub(crate) mod board;
 /// should name that member, whichever news came first.
 pub(crate) const NEWS_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// How long a thread that waits for a TCP frame (the receive, in the inbox; the link's reader,
-/// at its socket) polls, yielding between looks, before it sleeps in the kernel. A sleeping
-/// thread costs a wake-up per frame, and in a virtual machine the wake-up of an idle vCPU waits
-/// for the host's scheduler (a blocking 8-byte round trip over loopback took 80 µs here, a
-/// polled one 5.4 µs); a 256 KiB chunk over loopback takes about 100 µs to arrive.
-pub(crate) const TCP_POLL: std::time::Duration = std::time::Duration::from_micros(200);
-
-/// Yields until `ready` or until `budget` has passed; true when `ready`.
-pub(crate) fn poll_yielding(budget: std::time::Duration, mut ready: impl FnMut() -> bool) -> bool {
-    let start = std::time::Instant::now();
-    loop {
-        if ready() {
-            return true;
-        }
-        if start.elapsed() >= budget {
-            return false;
-        }
-        std::thread::yield_now();
-    }
-}
 mod heartbeat;
 pub(crate) mod linkcost;
 mod pool;
@@ -46,6 +26,27 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::wire::{FrameHeader, FrameKind};
+
+/// How long a thread that waits for a TCP frame (the receive, in the inbox; the link's reader,
+/// at its socket) polls, yielding between looks, before it sleeps in the kernel. A sleeping
+/// thread costs a wake-up per frame, and in a virtual machine the wake-up of an idle vCPU waits
+/// for the host's scheduler (a blocking 8-byte round trip over loopback took 80 µs here, a
+/// polled one 5.4 µs); a 256 KiB chunk over loopback takes about 100 µs to arrive.
+pub(crate) const TCP_POLL: Duration = Duration::from_micros(200);
+
+/// Yields until `ready` or until `budget` has passed; true when `ready`.
+pub(crate) fn poll_yielding(budget: Duration, mut ready: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    loop {
+        if ready() {
+            return true;
+        }
+        if start.elapsed() >= budget {
+            return false;
+        }
+        std::thread::yield_now();
+    }
+}
 
 /// One direction of traffic to a peer.
 pub(crate) trait Link: Send + Sync {

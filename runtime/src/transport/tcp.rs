@@ -174,23 +174,34 @@ fn read_payload(fd: std::os::fd::RawFd, buf: &mut Vec<u8>, len: usize) -> std::i
     while buf.len() < len {
         let want = len - buf.len();
         let spare = &mut buf.spare_capacity_mut()[..want];
-        // SAFETY: `spare` is writable memory of its length inside `buf`'s allocation; the
-        // caller keeps `fd` open.
-        let n = unsafe { libc::recv(fd, spare.as_mut_ptr().cast(), spare.len(), 0) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
+        // SAFETY: `spare` is writable memory of its length inside `buf`'s allocation.
+        let n = unsafe { recv_some(fd, spare.as_mut_ptr().cast(), spare.len()) }?;
+        // SAFETY: the kernel initialised the first `n` bytes of `spare`, which follow `len()`.
+        unsafe { buf.set_len(buf.len() + n) };
+    }
+    Ok(())
+}
+
+/// One `recv` of at most `len` (> 0) bytes into `ptr`: how many came. The end of the stream
+/// is `UnexpectedEof`; an interrupted call is retried.
+///
+/// # Safety
+/// `ptr` must be writable for `len` bytes; the caller keeps `fd` open.
+unsafe fn recv_some(fd: std::os::fd::RawFd, ptr: *mut u8, len: usize) -> std::io::Result<usize> {
+    loop {
+        // SAFETY: as the caller promises.
+        let n = unsafe { libc::recv(fd, ptr.cast(), len, 0) };
+        if n > 0 {
+            return Ok(n as usize);
         }
         if n == 0 {
             return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
-        // SAFETY: the kernel initialised the first `n` bytes of `spare`, which follow `len()`.
-        unsafe { buf.set_len(buf.len() + n as usize) };
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
     }
-    Ok(())
 }
 
 /// Reads exactly `buf.len()` bytes from `fd`.
@@ -198,18 +209,8 @@ fn read_exact_fd(fd: std::os::fd::RawFd, buf: &mut [u8]) -> std::io::Result<()> 
     let mut off = 0;
     while off < buf.len() {
         let rest = &mut buf[off..];
-        // SAFETY: `rest` is writable memory of its length; the caller keeps `fd` open.
-        let n = unsafe { libc::recv(fd, rest.as_mut_ptr().cast(), rest.len(), 0) };
-        match n {
-            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            n if n < 0 => {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-            }
-            n => off += n as usize,
-        }
+        // SAFETY: `rest` is writable memory of its length.
+        off += unsafe { recv_some(fd, rest.as_mut_ptr(), rest.len()) }?;
     }
     Ok(())
 }
