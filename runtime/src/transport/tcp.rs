@@ -264,7 +264,7 @@ struct Reader {
     reading: Arc<Mutex<()>>,
 }
 
-fn reader_loop(mut sock: TcpStream, r: Reader) {
+fn reader_loop(sock: TcpStream, r: Reader) {
     let Reader { peer, inbox, closing, heard, reading } = r;
     let fd = sock.as_raw_fd();
     // Whether the last frame carried data: only then is another likely to follow soon.
@@ -275,17 +275,17 @@ fn reader_loop(mut sock: TcpStream, r: Reader) {
         // take time from the ranks sharing our cores. Readable, closed or failed all end the
         // wait; the read then says which. The wait holds no lock: a receive may take the
         // frame meanwhile (`Link::pump`), and then there is nothing to read here.
-        if in_traffic {
-            super::poll_yielding(super::TCP_POLL, || readable_now(fd));
-        }
+        let ready = in_traffic && super::poll_yielding(super::TCP_POLL, || readable_now(fd));
         in_traffic = false;
-        wait_readable(fd);
+        if !ready {
+            wait_readable(fd);
+        }
         let _reading = reading.lock().unwrap_or_else(|p| p.into_inner());
         if !readable_now(fd) {
             continue;
         }
         let mut head = [0u8; HEADER_LEN];
-        if let Err(e) = sock.read_exact(&mut head) {
+        if let Err(e) = read_exact_fd(fd, &mut head) {
             break lost(&e);
         }
         heard.now();
