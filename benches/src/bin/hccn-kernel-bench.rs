@@ -10,13 +10,14 @@
 //! does (its Add moves 3 words per element, its Copy 2): the share of memcpy's memory bandwidth
 //! the kernel reaches. Each cell is the median of 5 repetitions of
 //! about 0.1 s (0.02 s with --quick). The element-at-a-time reference (`scalar`) is shown for
-//! f32 sum. Every kernel's result is checked against that reference once per size.
+//! f32 sum, and so is `out = dst + src` into a third buffer (`fp32_sum_from`, the out-of-place
+//! form an allreduce uses). Every kernel's result is checked against that reference once per size.
 
 use std::hint::black_box;
 use std::time::Instant;
 
 use hccn_benches::percentile;
-use hccn_runtime::reduce::{isa, reduce_into, reduce_into_scalar};
+use hccn_runtime::reduce::{isa, reduce_from, reduce_into, reduce_into_scalar};
 use hccn_runtime::{DataType, ReduceOp};
 
 /// Median seconds per call of `f` over 5 repetitions of about `budget` seconds each.
@@ -110,6 +111,20 @@ fn main() {
             if dt == DataType::Fp32 && op == ReduceOp::Sum {
                 let s = gbs(time(budget, || reduce_into_scalar(black_box(&mut dst[..]), black_box(&src[..]), dt, op)));
                 println!("{:>10}  {:>12}  {s:>9.2}  {:>7.0}%", size, "fp32_sum_ref", 100.0 * s / memcpy);
+                // Out of place, `out = dst + src` (an allreduce's input with what arrived):
+                // the same traffic, written to a third buffer.
+                let mut out = vec![0u8; size];
+                fill(&mut out, dt, 3);
+                let f = gbs(time(budget, || {
+                    reduce_from(black_box(&mut out[..]), black_box(&dst[..]), black_box(&src[..]), dt, op)
+                }));
+                let traffic = 100.0 * (3.0 * f) / (2.0 * memcpy);
+                println!(
+                    "{:>10}  {:>12}  {f:>9.2}  {:>7.0}%  {traffic:>8.0}%",
+                    size,
+                    "fp32_sum_from",
+                    100.0 * f / memcpy
+                );
             }
         }
     }

@@ -161,27 +161,47 @@ pub fn isa() -> Isa {
 /// Bytes per cache line on every x86-64 and Arm server core we run on.
 const CACHE_LINE: usize = 64;
 
-/// `d[i] = f(d[i], s[i])` for `i < n`: the one loop every kernel is made of.
+/// `d[i] = f(a[i], b[i])` for `i < n`: the one loop every kernel is made of, in place
+/// (`a == d`) or from two sources into a third buffer (an out-of-place reduction reads each
+/// operand once and writes the result once, with no copy first).
 ///
 /// # Safety
-/// `d` valid for reads and writes and `s` for reads of `n` elements of `T` (any alignment);
-/// they may be equal but not otherwise overlap.
+/// `d` valid for writes and `a`, `b` for reads of `n` elements of `T` (any alignment); `a` may
+/// be `d`, otherwise no two of them overlap.
 #[inline(always)]
-unsafe fn zip_apply<T: Copy, F: Fn(T, T) -> T>(d: *mut T, s: *const T, n: usize, f: F) {
+unsafe fn zip_apply<T: Copy, F: Fn(T, T) -> T>(d: *mut T, a: *const T, b: *const T, n: usize, f: F) {
+    if a == d.cast_const() {
+        // One pointer for the load and the store: the vectoriser sees that they never overlap
+        // across iterations (given two, its run-time overlap check would fail and fall back to
+        // the scalar loop).
+        // SAFETY: passed on.
+        unsafe { zip_loop(d, d, b, n, f) }
+    } else {
+        // SAFETY: passed on.
+        unsafe { zip_loop(d, a, b, n, f) }
+    }
+}
+
+/// The loop of [`zip_apply`].
+///
+/// # Safety
+/// As [`zip_apply`].
+#[inline(always)]
+unsafe fn zip_loop<T: Copy, F: Fn(T, T) -> T>(d: *mut T, a: *const T, b: *const T, n: usize, f: F) {
     // Elements before `d` reaches a cache-line boundary go one at a time: a vector store that
     // straddles two lines costs two (malloc's large blocks start 16 bytes past a page).
     let size = std::mem::size_of::<T>();
     let misaligned = d as usize % CACHE_LINE;
     let head = if misaligned.is_multiple_of(size) { ((CACHE_LINE - misaligned) % CACHE_LINE / size).min(n) } else { 0 };
     for i in 0..head {
-        // SAFETY: i < head <= n, within both buffers per the caller.
-        unsafe { d.add(i).write_unaligned(f(d.add(i).read_unaligned(), s.add(i).read_unaligned())) }
+        // SAFETY: i < head <= n, within every buffer per the caller.
+        unsafe { d.add(i).write_unaligned(f(a.add(i).read_unaligned(), b.add(i).read_unaligned())) }
     }
-    // SAFETY: head <= n, so the rest lies within both buffers.
-    let (d, s, n) = unsafe { (d.add(head), s.add(head), n - head) };
+    // SAFETY: head <= n, so the rest lies within every buffer.
+    let (d, a, b, n) = unsafe { (d.add(head), a.add(head), b.add(head), n - head) };
     for i in 0..n {
-        // SAFETY: i < n, within both buffers per the caller.
-        unsafe { d.add(i).write_unaligned(f(d.add(i).read_unaligned(), s.add(i).read_unaligned())) }
+        // SAFETY: i < n, within every buffer per the caller.
+        unsafe { d.add(i).write_unaligned(f(a.add(i).read_unaligned(), b.add(i).read_unaligned())) }
     }
 }
 
@@ -191,9 +211,9 @@ unsafe fn zip_apply<T: Copy, F: Fn(T, T) -> T>(d: *mut T, s: *const T, n: usize,
 /// As [`zip_apply`], and the CPU must have AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn zip_apply_avx2<T: Copy, F: Fn(T, T) -> T>(d: *mut T, s: *const T, n: usize, f: F) {
+unsafe fn zip_apply_avx2<T: Copy, F: Fn(T, T) -> T>(d: *mut T, a: *const T, b: *const T, n: usize, f: F) {
     // SAFETY: passed on.
-    unsafe { zip_apply(d, s, n, f) }
+    unsafe { zip_apply(d, a, b, n, f) }
 }
 
 /// The same loop compiled for AVX-512 (F, BW, DQ).
@@ -202,9 +222,9 @@ unsafe fn zip_apply_avx2<T: Copy, F: Fn(T, T) -> T>(d: *mut T, s: *const T, n: u
 /// As [`zip_apply`], and the CPU must have AVX-512 F, BW and DQ.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq")]
-unsafe fn zip_apply_avx512<T: Copy, F: Fn(T, T) -> T>(d: *mut T, s: *const T, n: usize, f: F) {
+unsafe fn zip_apply_avx512<T: Copy, F: Fn(T, T) -> T>(d: *mut T, a: *const T, b: *const T, n: usize, f: F) {
     // SAFETY: passed on.
-    unsafe { zip_apply(d, s, n, f) }
+    unsafe { zip_apply(d, a, b, n, f) }
 }
 
 /// Runs `f` over `n` element pairs with the widest instruction set available.
@@ -212,32 +232,40 @@ unsafe fn zip_apply_avx512<T: Copy, F: Fn(T, T) -> T>(d: *mut T, s: *const T, n:
 /// # Safety
 /// As [`zip_apply`].
 #[inline(always)]
-unsafe fn zip_dispatch<T: Copy, F: Fn(T, T) -> T>(d: *mut T, s: *const T, n: usize, f: F) {
+unsafe fn zip_dispatch<T: Copy, F: Fn(T, T) -> T>(d: *mut T, a: *const T, b: *const T, n: usize, f: F) {
     match isa() {
         // SAFETY: the CPU has the features (checked by `isa`); buffers per the caller.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { zip_apply_avx512(d, s, n, f) },
+        Isa::Avx512 => unsafe { zip_apply_avx512(d, a, b, n, f) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { zip_apply_avx2(d, s, n, f) },
+        Isa::Avx2 => unsafe { zip_apply_avx2(d, a, b, n, f) },
         // SAFETY: buffers per the caller.
-        _ => unsafe { zip_apply(d, s, n, f) },
+        _ => unsafe { zip_apply(d, a, b, n, f) },
     }
 }
 
-/// `dst op= src` over whole elements of plain (non-16-bit-float) types, one loop per op so that
-/// the op is a constant inside it.
-fn combine_plain<T: Elem>(dst: &mut [u8], src: &[u8], op: ReduceOp) {
-    let n = dst.len().min(src.len()) / T::SIZE;
-    let (d, s) = (dst.as_mut_ptr().cast::<T>(), src.as_ptr().cast::<T>());
-    // SAFETY: `n` whole elements fit in both slices; `dst` is exclusively borrowed so `src`
-    // cannot overlap it; loads and stores are unaligned.
+/// The element pointers of `dst = a op b` (`a = None`: in place, `dst op= b`) and how many
+/// whole elements of size `size` all of them hold.
+fn operands(dst: &mut [u8], a: Option<&[u8]>, b: &[u8], size: usize) -> (*mut u8, *const u8, *const u8, usize) {
+    let n = dst.len().min(b.len()).min(a.map_or(usize::MAX, <[u8]>::len)) / size;
+    let d = dst.as_mut_ptr();
+    (d, a.map_or(d.cast_const(), <[u8]>::as_ptr), b.as_ptr(), n)
+}
+
+/// `dst = a op b` (`a = None`: `dst op= b`) over whole elements of plain (non-16-bit-float)
+/// types, one loop per op so that the op is a constant inside it.
+fn combine_plain<T: Elem>(dst: &mut [u8], a: Option<&[u8]>, b: &[u8], op: ReduceOp) {
+    let (d, a, b, n) = operands(dst, a, b, T::SIZE);
+    let (d, a, b) = (d.cast::<T>(), a.cast::<T>(), b.cast::<T>());
+    // SAFETY: `n` whole elements fit in every buffer; `dst` is exclusively borrowed, so neither
+    // source overlaps it unless `a` is `dst` itself; loads and stores are unaligned.
     unsafe {
         match op {
-            ReduceOp::Sum | ReduceOp::Avg => zip_dispatch(d, s, n, |a: T, b| a.combine(b, ReduceOp::Sum)),
-            ReduceOp::Prod => zip_dispatch(d, s, n, |a: T, b| a.combine(b, ReduceOp::Prod)),
-            ReduceOp::Max => zip_dispatch(d, s, n, |a: T, b| a.combine(b, ReduceOp::Max)),
-            ReduceOp::Min => zip_dispatch(d, s, n, |a: T, b| a.combine(b, ReduceOp::Min)),
+            ReduceOp::Sum | ReduceOp::Avg => zip_dispatch(d, a, b, n, |x: T, y| x.combine(y, ReduceOp::Sum)),
+            ReduceOp::Prod => zip_dispatch(d, a, b, n, |x: T, y| x.combine(y, ReduceOp::Prod)),
+            ReduceOp::Max => zip_dispatch(d, a, b, n, |x: T, y| x.combine(y, ReduceOp::Max)),
+            ReduceOp::Min => zip_dispatch(d, a, b, n, |x: T, y| x.combine(y, ReduceOp::Min)),
         }
     }
 }
@@ -262,18 +290,19 @@ fn bf16_round(x: u32) -> u16 {
     }
 }
 
-/// `dst op= src` for BF16 in f32: widen both, combine, round once, in one vectorised loop.
-fn combine_bf16(dst: &mut [u8], src: &[u8], op: ReduceOp) {
-    let n = dst.len().min(src.len()) / 2;
-    let (d, s) = (dst.as_mut_ptr().cast::<u16>(), src.as_ptr().cast::<u16>());
-    let f = |a: u16, b: u16, g: fn(f32, f32) -> f32| bf16_round(g(bf16_widen(a), bf16_widen(b)).to_bits());
-    // SAFETY: `n` whole elements fit in both slices, which cannot overlap (`dst` is exclusive).
+/// `dst = a op b` (`a = None`: `dst op= b`) for BF16 in f32: widen both, combine, round once,
+/// in one vectorised loop.
+fn combine_bf16(dst: &mut [u8], a: Option<&[u8]>, b: &[u8], op: ReduceOp) {
+    let (d, a, b, n) = operands(dst, a, b, 2);
+    let (d, a, b) = (d.cast::<u16>(), a.cast::<u16>(), b.cast::<u16>());
+    let f = |x: u16, y: u16, g: fn(f32, f32) -> f32| bf16_round(g(bf16_widen(x), bf16_widen(y)).to_bits());
+    // SAFETY: as in `combine_plain`.
     unsafe {
         match op {
-            ReduceOp::Sum | ReduceOp::Avg => zip_dispatch(d, s, n, |a, b| f(a, b, |x, y| x + y)),
-            ReduceOp::Prod => zip_dispatch(d, s, n, |a, b| f(a, b, |x, y| x * y)),
-            ReduceOp::Max => zip_dispatch(d, s, n, |a, b| f(a, b, f32::max)),
-            ReduceOp::Min => zip_dispatch(d, s, n, |a, b| f(a, b, f32::min)),
+            ReduceOp::Sum | ReduceOp::Avg => zip_dispatch(d, a, b, n, |x, y| f(x, y, |x, y| x + y)),
+            ReduceOp::Prod => zip_dispatch(d, a, b, n, |x, y| f(x, y, |x, y| x * y)),
+            ReduceOp::Max => zip_dispatch(d, a, b, n, |x, y| f(x, y, f32::max)),
+            ReduceOp::Min => zip_dispatch(d, a, b, n, |x, y| f(x, y, f32::min)),
         }
     }
 }
@@ -369,36 +398,50 @@ macro_rules! dispatch {
 /// `dst[i] = dst[i] op src[i]` for every whole element of the shorter buffer. AVG sums here;
 /// [`finish_avg`] divides once at the end.
 pub fn reduce_into(dst: &mut [u8], src: &[u8], dt: DataType, op: ReduceOp) {
+    combine(dst, None, src, dt, op)
+}
+
+/// `dst = a op b`, or with `a = None` `dst op= b`, for every whole element of the shortest.
+fn combine(dst: &mut [u8], a: Option<&[u8]>, b: &[u8], dt: DataType, op: ReduceOp) {
     match dt {
-        DataType::Int8 => combine_plain::<i8>(dst, src, op),
-        DataType::Int16 => combine_plain::<i16>(dst, src, op),
-        DataType::Int32 => combine_plain::<i32>(dst, src, op),
-        DataType::Int64 => combine_plain::<i64>(dst, src, op),
-        DataType::Uint8 => combine_plain::<u8>(dst, src, op),
-        DataType::Uint16 => combine_plain::<u16>(dst, src, op),
-        DataType::Uint32 => combine_plain::<u32>(dst, src, op),
-        DataType::Uint64 => combine_plain::<u64>(dst, src, op),
-        DataType::Fp32 => combine_plain::<f32>(dst, src, op),
-        DataType::Fp64 => combine_plain::<f64>(dst, src, op),
-        DataType::Fp16 => combine_f16(dst, src, op),
-        DataType::Bf16 => combine_bf16(dst, src, op),
+        DataType::Int8 => combine_plain::<i8>(dst, a, b, op),
+        DataType::Int16 => combine_plain::<i16>(dst, a, b, op),
+        DataType::Int32 => combine_plain::<i32>(dst, a, b, op),
+        DataType::Int64 => combine_plain::<i64>(dst, a, b, op),
+        DataType::Uint8 => combine_plain::<u8>(dst, a, b, op),
+        DataType::Uint16 => combine_plain::<u16>(dst, a, b, op),
+        DataType::Uint32 => combine_plain::<u32>(dst, a, b, op),
+        DataType::Uint64 => combine_plain::<u64>(dst, a, b, op),
+        DataType::Fp32 => combine_plain::<f32>(dst, a, b, op),
+        DataType::Fp64 => combine_plain::<f64>(dst, a, b, op),
+        DataType::Bf16 => combine_bf16(dst, a, b, op),
+        DataType::Fp16 => match a {
+            None => combine_f16(dst, b, op),
+            // The F16C loop works in place: each block of `a` is copied into `dst` and combined
+            // while it is in L1.
+            Some(a) => {
+                let n = dst.len().min(a.len()).min(b.len()) / 2 * 2;
+                let blocks =
+                    dst[..n].chunks_mut(FROM_BLOCK).zip(a[..n].chunks(FROM_BLOCK)).zip(b[..n].chunks(FROM_BLOCK));
+                for ((d, a), b) in blocks {
+                    d.copy_from_slice(a);
+                    combine_f16(d, b, op);
+                }
+            }
+        },
     }
 }
 
-/// Bytes per block of [`reduce_from`]: small enough that the block stays in L1 between its copy
-/// and its reduction, a multiple of every element size.
+/// Bytes per block of the FP16 [`reduce_from`] and of [`reduce_onto`]: small enough to stay in
+/// L1, a multiple of every element size.
 const FROM_BLOCK: usize = 8 << 10;
 
 /// `dst[i] = a[i] op b[i]` for every whole element of the shortest buffer: the same bits as
-/// copying `a` into `dst` then [`reduce_into`] with `b`, without a pass over memory for the
-/// copy (an out-of-place allreduce combines the caller's input with what arrives straight into
+/// copying `a` into `dst` then [`reduce_into`] with `b`, in one pass that reads each operand
+/// once (an out-of-place allreduce combines the caller's input with what arrives straight into
 /// the output).
 pub fn reduce_from(dst: &mut [u8], a: &[u8], b: &[u8], dt: DataType, op: ReduceOp) {
-    let n = dst.len().min(a.len()).min(b.len()) / dt.size() * dt.size();
-    for ((d, a), b) in dst[..n].chunks_mut(FROM_BLOCK).zip(a[..n].chunks(FROM_BLOCK)).zip(b[..n].chunks(FROM_BLOCK)) {
-        d.copy_from_slice(a);
-        reduce_into(d, b, dt, op);
-    }
+    combine(dst, Some(a), b, dt, op)
 }
 
 /// `dst[i] = base[i] op dst[i]` for every whole element of the shorter buffer: for a received
@@ -567,7 +610,7 @@ mod tests {
 
     #[test]
     #[cfg_attr(miri, ignore = "exhaustive: hours under Miri; the natively run suite covers it")]
-    fn kernels_match_the_scalar_reference_for_every_type_op_length_and_alignment() {
+    fn kernels_in_and_out_of_place_match_the_scalar_reference_for_every_type_op_length_and_alignment() {
         for dt in DataType::ALL {
             let es = dt.size();
             for op in ReduceOp::ALL {
@@ -586,6 +629,11 @@ mod tests {
                         }
                         let mut want = a[oa..].to_vec();
                         reduce_into_scalar(&mut want, &b[ob..], dt, op);
+                        // Out of place, into a third buffer at yet another offset.
+                        let od = (oa + ob + 1) % 4;
+                        let mut from = vec![0xa5u8; len * es + od];
+                        reduce_from(&mut from[od..], &a[oa..], &b[ob..], dt, op);
+                        assert!(same(dt, &from[od..], &want), "from: {dt:?} {op:?} len {len} offsets {oa},{ob},{od}");
                         reduce_into(&mut a[oa..], &b[ob..], dt, op);
                         assert!(same(dt, &a[oa..], &want), "{dt:?} {op:?} len {len} offsets {oa},{ob}");
                     }
