@@ -268,7 +268,7 @@ impl<'a> Ctx<'a> {
             }
             Ok(())
         };
-        let mut sink = Sink { check: &mut check, out };
+        let mut sink = Sink { check: &mut check, out, expect: len };
         self.comm.net.recv(key, self.comm.timeout, &|health| self.comm.status(health), &mut sink).map_err(|e| {
             if matches!(e.kind(), ErrorKind::StaleEpoch | ErrorKind::Transfer) {
                 e

@@ -225,7 +225,12 @@ impl Probe<'_> {
         let status = |h: &Health<'_>| {
             h.failed.get(&from).map(|why| Error::rank_failed(vec![from], format!("world rank {from} failed: {why}")))
         };
-        self.net.recv(key, self.cfg.timeout, &status, &mut Sink { check: &mut check, out: Out::Pieces(piece) })?;
+        self.net.recv(
+            key,
+            self.cfg.timeout,
+            &status,
+            &mut Sink { check: &mut check, out: Out::Pieces(piece), expect: BULK_BYTES },
+        )?;
         Ok(got)
     }
 }

@@ -62,13 +62,19 @@ pub(crate) trait Link: Send + Sync {
     fn silent_for(&self) -> Duration;
     /// True when bytes from the peer are waiting to be read (it spoke; we did not listen yet).
     fn has_unread(&self) -> bool;
-    /// Takes one frame off the connection into the inbox if that can be done at once (the
-    /// whole frame is there and no other thread is reading), so that a receive that waits
-    /// for it need not wait for the link's reader thread; true when it did.
-    fn pump(&self) -> bool {
-        false
+    /// The polling wait of a receive for a frame from this peer (see TCP_POLL): yields until
+    /// `ready` or until `budget` has passed; true when `ready`. A link may meanwhile take
+    /// frames off its connection into the inbox itself, so that the receive need not wait for
+    /// the link's reader thread, and, when `small` (the frame expected is at most
+    /// [`POLL_ALONE_MAX`]), have that thread stand aside.
+    fn poll(&self, budget: Duration, ready: &dyn Fn() -> bool, _small: bool) -> bool {
+        poll_yielding(budget, ready)
     }
 }
+
+/// Largest frame for which a polling receive reads the socket alone (see [`Link::poll`]):
+/// above it the reader thread's copy of one chunk overlaps the receive's work on the last.
+pub(crate) const POLL_ALONE_MAX: usize = 64 << 10;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Key {
@@ -353,13 +359,14 @@ impl Inbox {
 
     /// Waits for the next frame under `key`. Before each sleep `status` may end the wait with the
     /// communicator's error (aborted, a member failed); the wait never outlasts `timeout`.
-    /// While it polls (see TCP_POLL) it calls `pump`, which may file frames itself.
+    /// It first polls for up to TCP_POLL through `poll` (a budget and the test of a change in
+    /// the inbox; see [`Link::poll`]).
     pub fn take(
         &self,
         key: Key,
         timeout: Duration,
         status: &dyn Fn(&Health<'_>) -> Option<Error>,
-        pump: &dyn Fn() -> bool,
+        poll: &dyn Fn(Duration, &dyn Fn() -> bool) -> bool,
     ) -> Result<Frame> {
         let deadline = Instant::now() + timeout;
         let mut left_at: Option<Instant> = None;
@@ -379,7 +386,7 @@ impl Inbox {
                 // sends us back to look.
                 let seen = self.generation();
                 drop(st);
-                poll_yielding(poll_end - now, || pump() || self.generation() != seen);
+                poll(poll_end - now, &|| self.generation() != seen);
                 st = self.lock();
                 continue;
             }
@@ -511,16 +518,20 @@ impl Net {
             return self.shm.recv(key, &self.inbox, timeout, status, sink);
         }
         let link = self.links.get(key.src);
-        let pump = || link.as_ref().is_some_and(|l| l.pump());
+        let small = sink.expect <= POLL_ALONE_MAX;
+        let poll = |budget, ready: &dyn Fn() -> bool| match &link {
+            Some(l) => l.poll(budget, ready, small),
+            None => poll_yielding(budget, ready),
+        };
         let frame = if self.shm.is_empty() {
-            self.inbox.take(key, timeout, status, &pump)?
+            self.inbox.take(key, timeout, status, &poll)?
         } else {
             // Wait in slices, keeping the shared-memory rings moving meanwhile: a local sender
             // blocked on a full ring must not wait for this remote frame.
             let deadline = Instant::now() + timeout;
             loop {
                 let left = deadline.saturating_duration_since(Instant::now());
-                match self.inbox.take(key, left.min(Duration::from_millis(2)), status, &pump) {
+                match self.inbox.take(key, left.min(Duration::from_millis(2)), status, &poll) {
                     Ok(f) => break f,
                     Err(e) if e.kind() == ErrorKind::Timeout && !left.is_zero() => self.shm.drain(None, &self.inbox),
                     Err(e) if e.kind() == ErrorKind::Timeout => {

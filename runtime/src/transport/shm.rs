@@ -541,6 +541,8 @@ impl ShmPeer {
 pub(crate) struct Sink<'a, 'b> {
     pub check: &'a mut dyn FnMut(&FrameHeader) -> Result<()>,
     pub out: Out<'b>,
+    /// The payload length expected, at most (`check` has the last word): how a receive waits.
+    pub expect: usize,
 }
 
 /// Where a received payload goes.
@@ -1425,7 +1427,7 @@ mod tests {
             assert_eq!(off, out.len(), "pieces in order");
             out.extend_from_slice(p);
         };
-        let mut sink = Sink { check: &mut check, out: Out::Pieces(&mut piece) };
+        let mut sink = Sink { check: &mut check, out: Out::Pieces(&mut piece), expect: usize::MAX };
         shm.recv(k, inbox, Duration::from_secs(2), &|_| None, &mut sink)?;
         Ok(out)
     }
@@ -1465,7 +1467,7 @@ mod tests {
         // the withdrawal as its error after the grace period, before its own deadline.
         let mut check = |_: &FrameHeader| Ok(());
         let mut ignore = |_: usize, _: &[u8]| {};
-        let mut sink = Sink { check: &mut check, out: Out::Pieces(&mut ignore) };
+        let mut sink = Sink { check: &mut check, out: Out::Pieces(&mut ignore), expect: usize::MAX };
         let e = rx.recv(key(3), &rx_inbox, crate::transport::NEWS_GRACE * 3, &|_| None, &mut sink).err();
         assert_eq!(e.map(|e| e.kind()), Some(ErrorKind::Remote));
         tx.withdraw(1, 2, &tx_inbox, t);
@@ -1499,7 +1501,7 @@ mod tests {
                 false => Err(Error::new(ErrorKind::Transfer, "took a later chunk for the withdrawn one")),
             };
             let mut ignore = |_: usize, _: &[u8]| {};
-            let mut sink = Sink { check: &mut check, out: Out::Pieces(&mut ignore) };
+            let mut sink = Sink { check: &mut check, out: Out::Pieces(&mut ignore), expect: usize::MAX };
             let e = rx.recv(key(7), &rx_inbox, crate::transport::NEWS_GRACE * 3, &|_| None, &mut sink).err();
             assert_eq!(e.map(|e| e.kind()), Some(ErrorKind::Remote), "drained={drained}");
             tx.withdraw(1, b.unwrap_or(1), &tx_inbox, t);

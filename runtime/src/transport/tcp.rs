@@ -5,11 +5,12 @@
 use std::io::Read;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::shm::{futex_wait, futex_wake};
 use super::{shm, Frame, Inbox, Link, Net};
 use crate::auth::{self, Purpose};
 use crate::config::{Config, MAX_CHUNK_BYTES};
@@ -28,8 +29,11 @@ struct TcpLink {
     heard: Arc<LastHeard>,
     inbox: Arc<Inbox>,
     /// Held by whichever thread takes a frame off the socket (the reader thread, or a receive
-    /// in [`Link::pump`]), so that frames are read whole and filed in the order they came.
+    /// in [`TcpLink::pump`]), so that frames are read whole and filed in the order they came.
     reading: Arc<Mutex<()>>,
+    /// How many receives poll this link for a small frame, taking it themselves: the reader
+    /// thread stands aside meanwhile (a futex word, see [`Link::poll`]).
+    polled: Arc<AtomicU32>,
 }
 
 /// When the last frame arrived, as milliseconds since the link started.
@@ -91,6 +95,8 @@ impl Link for TcpLink {
         }
         // SAFETY: `fd` stays open as long as `writer` (owned by self) lives.
         unsafe { libc::shutdown(self.fd, libc::SHUT_RDWR) };
+        // A reader standing aside (see `poll`) sees `closing` at once.
+        futex_wake(&self.polled);
         if let Some(t) = self.reader.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = t.join();
         }
@@ -121,6 +127,37 @@ impl Link for TcpLink {
         n > 0
     }
 
+    fn poll(&self, budget: Duration, ready: &dyn Fn() -> bool, small: bool) -> bool {
+        if !small {
+            // A large frame is the reader's to copy while this thread works on the last one:
+            // wake the reader in case it stands aside after an earlier small receive.
+            futex_wake(&self.polled);
+            return super::poll_yielding(budget, || self.pump() || ready());
+        }
+        // The receive takes the small frames itself: a reader thread woken by each of them
+        // would find nothing to do, and take a core from the ranks that share it.
+        self.polled.fetch_add(1, Ordering::SeqCst);
+        let got = super::poll_yielding(budget, || self.pump() || ready());
+        if self.polled.fetch_sub(1, Ordering::SeqCst) == 1 && !got {
+            // The receive will sleep: from now on the reader must watch the socket.
+            futex_wake(&self.polled);
+        }
+        got
+    }
+
+    fn farewell(&self) {
+        // A frame half-written by another thread must not be interleaved with ours.
+        if let Ok(sock) = self.writer.try_lock() {
+            let _ = send_all(&sock, &GOODBYE.encode(), &[]);
+            let _ = sock.shutdown(Shutdown::Write);
+        }
+    }
+}
+
+impl TcpLink {
+    /// Takes one frame off the connection into the inbox if that can be done at once (the
+    /// whole frame is there and no other thread is reading), so that a receive that waits
+    /// for it need not wait for the link's reader thread; true when it did.
     fn pump(&self) -> bool {
         let Ok(_reading) = self.reading.try_lock() else { return false };
         let Some(hdr) = whole_frame(self.fd) else { return false };
@@ -144,14 +181,6 @@ impl Link for TcpLink {
             self.inbox.push(self.peer, Frame { hdr, payload });
         }
         true
-    }
-
-    fn farewell(&self) {
-        // A frame half-written by another thread must not be interleaved with ours.
-        if let Ok(sock) = self.writer.try_lock() {
-            let _ = send_all(&sock, &GOODBYE.encode(), &[]);
-            let _ = sock.shutdown(Shutdown::Write);
-        }
     }
 }
 
@@ -262,23 +291,42 @@ struct Reader {
     closing: Arc<AtomicBool>,
     heard: Arc<LastHeard>,
     reading: Arc<Mutex<()>>,
+    polled: Arc<AtomicU32>,
 }
 
+/// How long a reader that stands aside for polling receives sleeps before it looks again (a
+/// receive that stops polling without its frame wakes it at once).
+const ASIDE_NAP: Duration = Duration::from_millis(20);
+
 fn reader_loop(sock: TcpStream, r: Reader) {
-    let Reader { peer, inbox, closing, heard, reading } = r;
+    let Reader { peer, inbox, closing, heard, reading, polled } = r;
     let fd = sock.as_raw_fd();
     // Whether the last frame carried data: only then is another likely to follow soon.
     let mut in_traffic = false;
     let reason = loop {
+        let receives = polled.load(Ordering::SeqCst);
+        if receives > 0 && !closing.load(Ordering::SeqCst) {
+            // Receives poll for small frames and take them (TcpLink::poll); woken by each
+            // arrival, this thread would find nothing. A goodbye, a revoke, a malformed frame
+            // or the end of the stream waits for it, at most TCP_POLL: a receive that polls
+            // that long without its frame wakes us before it sleeps.
+            futex_wait(&polled, receives, ASIDE_NAP);
+            in_traffic = false;
+            continue;
+        }
         // Frames of an operation follow each other closely: look for the next one a while
         // before sleeping (see TCP_POLL), but not after a heartbeat, where the look would only
         // take time from the ranks sharing our cores. Readable, closed or failed all end the
         // wait; the read then says which. The wait holds no lock: a receive may take the
-        // frame meanwhile (`Link::pump`), and then there is nothing to read here.
-        let ready = in_traffic && super::poll_yielding(super::TCP_POLL, || readable_now(fd));
+        // frame meanwhile (`TcpLink::pump`), and then there is nothing to read here.
+        let aside = || polled.load(Ordering::Relaxed) > 0;
+        let ready = in_traffic && super::poll_yielding(super::TCP_POLL, || readable_now(fd) || aside());
         in_traffic = false;
         if !ready {
             wait_readable(fd);
+        }
+        if aside() {
+            continue;
         }
         let _reading = reading.lock().unwrap_or_else(|p| p.into_inner());
         if !readable_now(fd) {
@@ -335,8 +383,15 @@ pub(crate) fn start_link(sock: TcpStream, peer: u32, inbox: &Arc<Inbox>, cfg: &C
     let closing = Arc::new(AtomicBool::new(false));
     let heard = Arc::new(LastHeard { start: Instant::now(), ms: AtomicU64::new(0) });
     let reading = Arc::new(Mutex::new(()));
-    let r =
-        Reader { peer, inbox: inbox.clone(), closing: closing.clone(), heard: heard.clone(), reading: reading.clone() };
+    let polled = Arc::new(AtomicU32::new(0));
+    let r = Reader {
+        peer,
+        inbox: inbox.clone(),
+        closing: closing.clone(),
+        heard: heard.clone(),
+        reading: reading.clone(),
+        polled: polled.clone(),
+    };
     let reader =
         std::thread::Builder::new().name(format!("hccn-rx-{peer}")).spawn(move || reader_loop(rx, r)).map_err(sys)?;
     let fd = sock.as_raw_fd();
@@ -349,6 +404,7 @@ pub(crate) fn start_link(sock: TcpStream, peer: u32, inbox: &Arc<Inbox>, cfg: &C
         heard,
         inbox: inbox.clone(),
         reading,
+        polled,
     }))
 }
 
@@ -651,23 +707,41 @@ mod tests {
             }
             tx
         });
-        let pumped = std::cell::Cell::new(0);
         for seq in 0..FRAMES {
             let key = super::super::Key { src: 1, kind: FrameKind::Collective, comm_id: 9, seq };
-            let pump = || {
-                let took = link.pump();
-                pumped.set(pumped.get() + usize::from(took));
-                took
-            };
-            let f = inbox.take(key, cfg.timeout, &|_| None, &pump).expect("frame");
+            // Half of the receives wait as for a small frame (the reader stands aside), half
+            // as for a large one (the reader races them).
+            let poll = |budget, ready: &dyn Fn() -> bool| link.poll(budget, ready, seq % 2 == 0);
+            let f = inbox.take(key, cfg.timeout, &|_| None, &poll).expect("frame");
             assert_eq!((f.hdr.seq, f.hdr.tag), (seq, 3));
             assert!(f.payload == body(seq), "frame {seq} intact");
         }
         assert_eq!(inbox.queued(), 0);
         drop(writer.join().expect("writer"));
         link.close(false);
-        // Not asserted (it depends on the scheduler), only shown: who took how many.
-        eprintln!("{} of {FRAMES} frames taken by the receive", pumped.get());
+    }
+
+    #[test]
+    fn a_receive_polling_for_a_small_frame_learns_that_the_peer_died_from_the_reader() {
+        // The reader stands aside while the receive polls; the end of the stream is still its
+        // to find, and the receive must hear of it, not wait out its timeout.
+        let (tx, rx) = socket_pair();
+        let inbox = Arc::new(Inbox::default());
+        let cfg = Config { timeout: Duration::from_secs(60), heartbeat: Duration::ZERO, ..Config::default() };
+        let link = start_link(rx, 1, &inbox, &cfg).expect("link");
+        let killer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            drop(tx);
+        });
+        let key = super::super::Key { src: 1, kind: FrameKind::Collective, comm_id: 9, seq: 0 };
+        let status =
+            |h: &super::super::Health<'_>| h.failed.get(&1).map(|why| Error::rank_failed(vec![1], why.clone()));
+        let poll = |budget, ready: &dyn Fn() -> bool| link.poll(budget, ready, true);
+        let got = inbox.take(key, cfg.timeout, &status, &poll);
+        killer.join().expect("killer");
+        let e = got.expect_err("the peer closed its connection");
+        assert_eq!(e.kind(), ErrorKind::RankFailed, "{e}");
+        link.close(false);
     }
 
     #[test]
