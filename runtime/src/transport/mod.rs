@@ -19,6 +19,7 @@ mod pool;
 pub(crate) mod shm;
 pub(crate) mod tcp;
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -66,10 +67,22 @@ pub(crate) trait Link: Send + Sync {
     /// `ready` or until `budget` has passed; true when `ready`. A link may meanwhile take
     /// frames off its connection into the inbox itself, so that the receive need not wait for
     /// the link's reader thread, and, when `small` (the frame expected is at most
-    /// [`POLL_ALONE_MAX`]), have that thread stand aside.
-    fn poll(&self, budget: Duration, ready: &dyn Fn() -> bool, _small: bool) -> bool {
+    /// [`POLL_ALONE_MAX`]) or when the receive offers to `land` its frame, have that thread
+    /// stand aside.
+    fn poll(&self, budget: Duration, ready: &dyn Fn() -> bool, _small: bool, _land: Option<&Landing<'_>>) -> bool {
         poll_yielding(budget, ready)
     }
+}
+
+/// A receive's offer to take its frame straight into its buffer (see [`Link::poll`]): a large
+/// frame that is only stored, so that it is copied out of the kernel once, not into a pooled
+/// buffer first and then again.
+pub(crate) struct Landing<'a> {
+    pub key: Key,
+    pub dst: &'a RefCell<&'a mut [u8]>,
+    /// True once the receive must end (its deadline passed, its communicator failed): a frame
+    /// half read is then left for the reader to discard.
+    pub give_up: &'a dyn Fn() -> bool,
 }
 
 /// Largest frame for which a polling receive reads the socket alone (see [`Link::poll`]):
@@ -88,6 +101,9 @@ pub(crate) struct Key {
 pub(crate) struct Frame {
     pub hdr: FrameHeader,
     pub payload: Vec<u8>,
+    /// The payload was read straight into the receive's buffer (see [`Link::poll`]); `payload`
+    /// is empty, the frame only says so.
+    pub landed: bool,
 }
 
 #[derive(Default)]
@@ -308,6 +324,17 @@ impl Inbox {
         self.lock().failed.get(&rank).cloned()
     }
 
+    /// Whether a frame under `key` waits in the inbox.
+    pub fn has_queued(&self, key: &Key) -> bool {
+        self.lock().queues.get(key).is_some_and(|q| !q.is_empty())
+    }
+
+    /// What `status` says of the inbox's health now (see [`Inbox::take`]).
+    pub fn status(&self, status: &dyn Fn(&Health<'_>) -> Option<Error>) -> Option<Error> {
+        let st = self.lock();
+        status(&Health { failed: &st.failed, revoked: &st.revoked })
+    }
+
     pub fn failed(&self) -> BTreeMap<u32, String> {
         self.lock().failed.clone()
     }
@@ -519,33 +546,48 @@ impl Net {
         }
         let link = self.links.get(key.src);
         let small = sink.expect <= POLL_ALONE_MAX;
-        let poll = |budget, ready: &dyn Fn() -> bool| match &link {
-            Some(l) => l.poll(budget, ready, small),
-            None => poll_yielding(budget, ready),
-        };
-        let frame = if self.shm.is_empty() {
-            self.inbox.take(key, timeout, status, &poll)?
-        } else {
-            // Wait in slices, keeping the shared-memory rings moving meanwhile: a local sender
-            // blocked on a full ring must not wait for this remote frame.
-            let deadline = Instant::now() + timeout;
-            loop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                match self.inbox.take(key, left.min(Duration::from_millis(2)), status, &poll) {
-                    Ok(f) => break f,
-                    Err(e) if e.kind() == ErrorKind::Timeout && !left.is_zero() => self.shm.drain(None, &self.inbox),
-                    Err(e) if e.kind() == ErrorKind::Timeout => {
-                        return Err(Error::timeout(format!(
-                            "no message from world rank {} within {} ms (HCCN_TIMEOUT_MS)",
-                            key.src,
-                            timeout.as_millis()
-                        )))
+        let deadline = Instant::now() + timeout;
+        let give_up =
+            || Instant::now() >= deadline || (self.inbox.troubles() != 0 && self.inbox.status(status).is_some());
+        let frame = {
+            // A large frame that is only stored may land straight in the receive's buffer.
+            let into = match &mut sink.out {
+                shm::Out::Into(buf) if !small && buf.len() == sink.expect => Some(RefCell::new(&mut **buf)),
+                _ => None,
+            };
+            let landing = into.as_ref().map(|dst| Landing { key, dst, give_up: &give_up });
+            let poll = |budget, ready: &dyn Fn() -> bool| match &link {
+                Some(l) => l.poll(budget, ready, small, landing.as_ref()),
+                None => poll_yielding(budget, ready),
+            };
+            if self.shm.is_empty() {
+                self.inbox.take(key, timeout, status, &poll)?
+            } else {
+                // Wait in slices, keeping the shared-memory rings moving meanwhile: a local sender
+                // blocked on a full ring must not wait for this remote frame.
+                loop {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    match self.inbox.take(key, left.min(Duration::from_millis(2)), status, &poll) {
+                        Ok(f) => break f,
+                        Err(e) if e.kind() == ErrorKind::Timeout && !left.is_zero() => {
+                            self.shm.drain(None, &self.inbox)
+                        }
+                        Err(e) if e.kind() == ErrorKind::Timeout => {
+                            return Err(Error::timeout(format!(
+                                "no message from world rank {} within {} ms (HCCN_TIMEOUT_MS)",
+                                key.src,
+                                timeout.as_millis()
+                            )))
+                        }
+                        Err(e) => return Err(e),
                     }
-                    Err(e) => return Err(e),
                 }
             }
         };
         (sink.check)(&frame.hdr)?;
+        if frame.landed {
+            return Ok(());
+        }
         sink.piece(0, &frame.payload);
         pool::give(frame.payload);
         Ok(())
@@ -571,7 +613,7 @@ impl Net {
     /// Sends one frame to world rank `dst` (to itself through the inbox).
     pub fn send(&self, dst: u32, hdr: &FrameHeader, payload: &[u8]) -> Result<()> {
         if dst == self.rank {
-            self.inbox.push(dst, Frame { hdr: *hdr, payload: payload.to_vec() });
+            self.inbox.push(dst, Frame { hdr: *hdr, payload: payload.to_vec(), landed: false });
             return Ok(());
         }
         let failed =

@@ -1078,7 +1078,7 @@ fn fill(p: &ShmPeer, st: &mut RxState, src: u32, inbox: &Inbox) -> Result<bool> 
             _ => return Err(out_of_step()),
         }
         if let Some(part) = st.partial.take_if(|p| p.buf.len() >= p.hdr.len as usize) {
-            inbox.push(src, Frame { hdr: part.hdr, payload: part.buf });
+            inbox.push(src, Frame { hdr: part.hdr, payload: part.buf, landed: false });
             // A thread of ours may sleep on this ring waiting for exactly that frame.
             ring.data_word().fetch_add(1, Ordering::SeqCst);
             if ring.data_sleepers().load(Ordering::SeqCst) > 0 {

@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::shm::{futex_wait, futex_wake};
-use super::{shm, Frame, Inbox, Link, Net};
+use super::{shm, Frame, Inbox, Key, Landing, Link, Net};
 use crate::auth::{self, Purpose};
 use crate::config::{Config, MAX_CHUNK_BYTES};
 use crate::error::{Error, ErrorKind, Result};
@@ -34,6 +34,9 @@ struct TcpLink {
     /// How many receives poll this link for a small frame, taking it themselves: the reader
     /// thread stands aside meanwhile (a futex word, see [`Link::poll`]).
     polled: Arc<AtomicU32>,
+    /// Bytes of a frame that a receive began to land and gave up (see [`TcpLink::land`]):
+    /// whoever reads the socket next discards them first. Changed under `reading`.
+    skip: Arc<AtomicU64>,
 }
 
 /// When the last frame arrived, as milliseconds since the link started.
@@ -127,7 +130,17 @@ impl Link for TcpLink {
         n > 0
     }
 
-    fn poll(&self, budget: Duration, ready: &dyn Fn() -> bool, small: bool) -> bool {
+    fn poll(&self, budget: Duration, ready: &dyn Fn() -> bool, small: bool, land: Option<&Landing<'_>>) -> bool {
+        if let Some(l) = land {
+            // The receive reads its frame itself, straight into its buffer: the reader stands
+            // aside as for small frames.
+            self.polled.fetch_add(1, Ordering::SeqCst);
+            let got = super::poll_yielding(budget, || self.land(l) || self.pump() || ready());
+            if self.polled.fetch_sub(1, Ordering::SeqCst) == 1 && !got {
+                futex_wake(&self.polled);
+            }
+            return got;
+        }
         if !small {
             // A large frame is the reader's to copy while this thread works on the last one:
             // wake the reader in case it stands aside after an earlier small receive.
@@ -160,6 +173,9 @@ impl TcpLink {
     /// for it need not wait for the link's reader thread; true when it did.
     fn pump(&self) -> bool {
         let Ok(_reading) = self.reading.try_lock() else { return false };
+        if !self.caught_up() {
+            return false;
+        }
         let Some(hdr) = whole_frame(self.fd) else { return false };
         let data = hdr.kind != FrameKind::Heartbeat;
         let mut head = [0u8; HEADER_LEN];
@@ -168,19 +184,87 @@ impl TcpLink {
         let read =
             read_exact_fd(self.fd, &mut head).and_then(|()| read_payload(self.fd, &mut payload, hdr.len as usize));
         if let Err(e) = read {
-            // As the reader thread would: the connection is unusable.
-            if !self.closing.load(Ordering::SeqCst) {
-                // SAFETY: `fd` stays open as long as `writer` (owned by self) lives.
-                unsafe { libc::shutdown(self.fd, libc::SHUT_RDWR) };
-                self.inbox.mark_failed(self.peer, format!("inside a frame: {}", lost(&e)));
-            }
-            return false;
+            return self.fail(&e);
         }
         self.heard.now();
         if data {
-            self.inbox.push(self.peer, Frame { hdr, payload });
+            self.inbox.push(self.peer, Frame { hdr, payload, landed: false });
         }
         true
+    }
+}
+
+impl TcpLink {
+    /// Reads the frame at the head of the stream straight into `l.dst` when it is the next
+    /// frame of `l.key` (none of its frames waits in the inbox) and exactly as long, then files
+    /// a marker for it (`Frame::landed`); true when it did. It waits for the payload as it
+    /// comes, until the receive must give up: then the rest of the frame is left to be
+    /// discarded (`skip`), and `dst` is never written again.
+    fn land(&self, l: &Landing<'_>) -> bool {
+        let Ok(_reading) = self.reading.try_lock() else { return false };
+        if !self.caught_up() || self.inbox.has_queued(&l.key) {
+            return false;
+        }
+        let mut head = [0u8; HEADER_LEN];
+        // SAFETY: peeks at most HEADER_LEN bytes into `head`; `fd` lives as long as self.
+        let n =
+            unsafe { libc::recv(self.fd, head.as_mut_ptr().cast(), HEADER_LEN, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+        if n != HEADER_LEN as isize {
+            return false;
+        }
+        let mut dst = l.dst.borrow_mut();
+        let ours = FrameHeader::decode(&head, MAX_CHUNK_BYTES).ok().filter(|h| {
+            Key { src: self.peer, kind: h.kind, comm_id: h.comm_id, seq: h.seq } == l.key && h.len == dst.len() as u64
+        });
+        let Some(hdr) = ours else { return false };
+        if let Err(e) = read_exact_fd(self.fd, &mut head) {
+            self.fail(&e);
+            return false;
+        }
+        let mut got = 0;
+        while got < dst.len() {
+            let rest = &mut dst[got..];
+            // SAFETY: `rest` is writable memory of its length; `fd` lives as long as self.
+            let n = unsafe { libc::recv(self.fd, rest.as_mut_ptr().cast(), rest.len(), libc::MSG_DONTWAIT) };
+            if n > 0 {
+                got += n as usize;
+                self.heard.now();
+                continue;
+            }
+            let e = std::io::Error::last_os_error();
+            match n {
+                0 => return self.fail(&std::io::ErrorKind::UnexpectedEof.into()),
+                _ if e.kind() == std::io::ErrorKind::Interrupted => {}
+                _ if e.kind() != std::io::ErrorKind::WouldBlock => return self.fail(&e),
+                _ if (l.give_up)() => {
+                    self.skip.store((dst.len() - got) as u64, Ordering::SeqCst);
+                    return false;
+                }
+                _ => {
+                    let mut p = libc::pollfd { fd: self.fd, events: libc::POLLIN, revents: 0 };
+                    // SAFETY: one valid pollfd; `fd` lives as long as self.
+                    unsafe { libc::poll(&mut p, 1, 1) };
+                }
+            }
+        }
+        self.inbox.push(self.peer, Frame { hdr, payload: Vec::new(), landed: true });
+        true
+    }
+
+    /// Discards what a receive left of a frame it gave up (see `land`); false while some of
+    /// it is still to come. Called under `reading`.
+    fn caught_up(&self) -> bool {
+        discard_skipped(self.fd, &self.skip, libc::MSG_DONTWAIT).is_ok_and(|left| left == 0)
+    }
+
+    /// The connection broke inside a frame: as the reader thread would, close it and say why.
+    fn fail(&self, e: &std::io::Error) -> bool {
+        if !self.closing.load(Ordering::SeqCst) {
+            // SAFETY: `fd` stays open as long as `writer` (owned by self) lives.
+            unsafe { libc::shutdown(self.fd, libc::SHUT_RDWR) };
+            self.inbox.mark_failed(self.peer, format!("inside a frame: {}", lost(e)));
+        }
+        false
     }
 }
 
@@ -231,6 +315,30 @@ unsafe fn recv_some(fd: std::os::fd::RawFd, ptr: *mut u8, len: usize) -> std::io
             return Err(e);
         }
     }
+}
+
+/// Reads and drops the bytes `skip` counts (the rest of a frame a receive gave up landing),
+/// as far as `recv` with `flags` goes; how many are left.
+fn discard_skipped(fd: std::os::fd::RawFd, skip: &AtomicU64, flags: libc::c_int) -> std::io::Result<u64> {
+    let mut left = skip.load(Ordering::SeqCst);
+    let mut scratch = [0u8; 4096];
+    while left > 0 {
+        let want = scratch.len().min(left as usize);
+        // SAFETY: `scratch` is writable memory of at least `want` bytes; the caller keeps `fd` open.
+        let n = unsafe { libc::recv(fd, scratch.as_mut_ptr().cast(), want, flags) };
+        if n > 0 {
+            left -= n as u64;
+            continue;
+        }
+        let e = if n == 0 { std::io::ErrorKind::UnexpectedEof.into() } else { std::io::Error::last_os_error() };
+        if e.kind() == std::io::ErrorKind::Interrupted {
+            continue;
+        }
+        skip.store(left, Ordering::SeqCst);
+        return if e.kind() == std::io::ErrorKind::WouldBlock { Ok(left) } else { Err(e) };
+    }
+    skip.store(0, Ordering::SeqCst);
+    Ok(0)
 }
 
 /// Reads exactly `buf.len()` bytes from `fd`.
@@ -292,6 +400,7 @@ struct Reader {
     heard: Arc<LastHeard>,
     reading: Arc<Mutex<()>>,
     polled: Arc<AtomicU32>,
+    skip: Arc<AtomicU64>,
 }
 
 /// How long a reader that stands aside for polling receives sleeps before it looks again (a
@@ -299,7 +408,7 @@ struct Reader {
 const ASIDE_NAP: Duration = Duration::from_millis(20);
 
 fn reader_loop(sock: TcpStream, r: Reader) {
-    let Reader { peer, inbox, closing, heard, reading, polled } = r;
+    let Reader { peer, inbox, closing, heard, reading, polled, skip } = r;
     let fd = sock.as_raw_fd();
     // Whether the last frame carried data: only then is another likely to follow soon.
     let mut in_traffic = false;
@@ -329,6 +438,9 @@ fn reader_loop(sock: TcpStream, r: Reader) {
             continue;
         }
         let _reading = reading.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = discard_skipped(fd, &skip, 0) {
+            break lost(&e);
+        }
         if !readable_now(fd) {
             continue;
         }
@@ -366,7 +478,7 @@ fn reader_loop(sock: TcpStream, r: Reader) {
         }
         heard.now();
         in_traffic = true;
-        inbox.push(peer, Frame { hdr, payload });
+        inbox.push(peer, Frame { hdr, payload, landed: false });
     };
     if !closing.load(Ordering::SeqCst) {
         let _ = sock.shutdown(Shutdown::Both);
@@ -384,6 +496,7 @@ pub(crate) fn start_link(sock: TcpStream, peer: u32, inbox: &Arc<Inbox>, cfg: &C
     let heard = Arc::new(LastHeard { start: Instant::now(), ms: AtomicU64::new(0) });
     let reading = Arc::new(Mutex::new(()));
     let polled = Arc::new(AtomicU32::new(0));
+    let skip = Arc::new(AtomicU64::new(0));
     let r = Reader {
         peer,
         inbox: inbox.clone(),
@@ -391,6 +504,7 @@ pub(crate) fn start_link(sock: TcpStream, peer: u32, inbox: &Arc<Inbox>, cfg: &C
         heard: heard.clone(),
         reading: reading.clone(),
         polled: polled.clone(),
+        skip: skip.clone(),
     };
     let reader =
         std::thread::Builder::new().name(format!("hccn-rx-{peer}")).spawn(move || reader_loop(rx, r)).map_err(sys)?;
@@ -405,6 +519,7 @@ pub(crate) fn start_link(sock: TcpStream, peer: u32, inbox: &Arc<Inbox>, cfg: &C
         inbox: inbox.clone(),
         reading,
         polled,
+        skip,
     }))
 }
 
@@ -711,12 +826,120 @@ mod tests {
             let key = super::super::Key { src: 1, kind: FrameKind::Collective, comm_id: 9, seq };
             // Half of the receives wait as for a small frame (the reader stands aside), half
             // as for a large one (the reader races them).
-            let poll = |budget, ready: &dyn Fn() -> bool| link.poll(budget, ready, seq % 2 == 0);
+            let poll = |budget, ready: &dyn Fn() -> bool| link.poll(budget, ready, seq % 2 == 0, None);
             let f = inbox.take(key, cfg.timeout, &|_| None, &poll).expect("frame");
             assert_eq!((f.hdr.seq, f.hdr.tag), (seq, 3));
             assert!(f.payload == body(seq), "frame {seq} intact");
         }
         assert_eq!(inbox.queued(), 0);
+        drop(writer.join().expect("writer"));
+        link.close(false);
+    }
+
+    fn collective(seq: u64, len: usize) -> FrameHeader {
+        FrameHeader { kind: FrameKind::Collective, comm_id: 9, epoch: 0, seq, tag: 3, len: len as u64 }
+    }
+
+    fn key(seq: u64) -> Key {
+        Key { src: 1, kind: FrameKind::Collective, comm_id: 9, seq }
+    }
+
+    #[test]
+    fn large_frames_land_whole_in_the_receive_buffer_and_the_others_still_arrive_in_order() {
+        let (mut tx, rx) = socket_pair();
+        let inbox = Arc::new(Inbox::default());
+        let cfg = Config { timeout: Duration::from_secs(20), heartbeat: Duration::ZERO, ..Config::default() };
+        let link = start_link(rx, 1, &inbox, &cfg).expect("link");
+        const FRAMES: u64 = 40;
+        let len = |seq: u64| if seq.is_multiple_of(2) { 100_000 + seq as usize * 1000 } else { 40 + seq as usize };
+        let body = move |seq: u64| -> Vec<u8> { (0..len(seq)).map(|i| (i as u64 * 7 + seq) as u8).collect() };
+        // Each frame is written once its receive polls, so that the reader stands aside.
+        let (go, polling) = std::sync::mpsc::channel::<u64>();
+        let writer = std::thread::spawn(move || {
+            use std::io::Write;
+            for seq in polling {
+                let payload = body(seq);
+                tx.write_all(&collective(seq, payload.len()).encode()).expect("write");
+                // In pieces, with pauses between them.
+                for piece in payload.chunks(30_000) {
+                    tx.write_all(piece).expect("write");
+                    std::thread::sleep(Duration::from_micros(300));
+                }
+            }
+        });
+        for seq in 0..FRAMES {
+            let mut buf = vec![0u8; len(seq)];
+            let f = {
+                let cell = std::cell::RefCell::new(&mut buf[..]);
+                let give_up = || false;
+                let landing = (seq % 2 == 0).then(|| Landing { key: key(seq), dst: &cell, give_up: &give_up });
+                let asked = std::cell::Cell::new(false);
+                let poll = |_, ready: &dyn Fn() -> bool| {
+                    if !asked.replace(true) {
+                        go.send(seq).expect("writer");
+                    }
+                    // Longer than TCP_POLL: the frame must arrive while this receive polls.
+                    link.poll(Duration::from_secs(10), &|| ready(), seq % 2 == 1, landing.as_ref())
+                };
+                inbox.take(key(seq), cfg.timeout, &|_| None, &poll).expect("frame")
+            };
+            assert_eq!((f.hdr.seq, f.hdr.len), (seq, len(seq) as u64));
+            assert_eq!(f.landed, seq % 2 == 0, "frame {seq}: landed only when offered");
+            if !f.landed {
+                buf.copy_from_slice(&f.payload);
+            }
+            assert!(buf == body(seq), "frame {seq} intact");
+        }
+        assert_eq!(inbox.queued(), 0);
+        drop(go);
+        writer.join().expect("writer");
+        link.close(false);
+    }
+
+    #[test]
+    fn a_receive_that_gives_up_inside_a_frame_never_writes_its_buffer_again_and_the_stream_goes_on() {
+        let (tx, rx) = socket_pair();
+        let inbox = Arc::new(Inbox::default());
+        let cfg = Config { timeout: Duration::from_secs(20), heartbeat: Duration::ZERO, ..Config::default() };
+        let link = start_link(rx, 1, &inbox, &cfg).expect("link");
+        let big: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8 + 1).collect();
+        let (go, polling) = std::sync::mpsc::channel::<()>();
+        let (rest, gave_up) = std::sync::mpsc::channel::<()>();
+        let writer = {
+            let big = big.clone();
+            std::thread::spawn(move || {
+                use std::io::Write;
+                let mut tx = tx;
+                polling.recv().expect("receive polls");
+                tx.write_all(&collective(0, big.len()).encode()).expect("write");
+                tx.write_all(&big[..50_000]).expect("write");
+                gave_up.recv().expect("receive gave up");
+                // The rest of that frame, then the next one: the rest is dropped, the next arrives.
+                tx.write_all(&big[50_000..]).expect("write");
+                let small = b"after the abandoned frame";
+                send_all(&tx, &collective(1, small.len()).encode(), small).expect("send");
+                tx
+            })
+        };
+        let mut buf = vec![0u8; big.len()];
+        let e = {
+            let cell = std::cell::RefCell::new(&mut buf[..]);
+            let start = Instant::now();
+            // Gives up (as at its deadline) once the first part has had time to land.
+            let give_up = || start.elapsed() > Duration::from_millis(300);
+            let landing = Landing { key: key(0), dst: &cell, give_up: &give_up };
+            let poll = |_, ready: &dyn Fn() -> bool| {
+                let _ = go.send(());
+                link.poll(Duration::from_millis(600), ready, false, Some(&landing))
+            };
+            inbox.take(key(0), Duration::from_millis(500), &|_| None, &poll).expect_err("gave up")
+        };
+        assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+        assert!(buf[..50_000] == big[..50_000], "the first part landed");
+        rest.send(()).expect("writer");
+        let f = inbox.take(key(1), cfg.timeout, &|_| None, &|b, r| link.poll(b, r, true, None)).expect("next frame");
+        assert_eq!(&f.payload[..], &b"after the abandoned frame"[..]);
+        assert!(buf[50_000..].iter().all(|&b| b == 0), "the buffer was written after the receive gave up");
         drop(writer.join().expect("writer"));
         link.close(false);
     }
@@ -736,7 +959,7 @@ mod tests {
         let key = super::super::Key { src: 1, kind: FrameKind::Collective, comm_id: 9, seq: 0 };
         let status =
             |h: &super::super::Health<'_>| h.failed.get(&1).map(|why| Error::rank_failed(vec![1], why.clone()));
-        let poll = |budget, ready: &dyn Fn() -> bool| link.poll(budget, ready, true);
+        let poll = |budget, ready: &dyn Fn() -> bool| link.poll(budget, ready, true, None);
         let got = inbox.take(key, cfg.timeout, &status, &poll);
         killer.join().expect("killer");
         let e = got.expect_err("the peer closed its connection");
