@@ -131,26 +131,18 @@ impl Link for TcpLink {
     }
 
     fn poll(&self, budget: Duration, ready: &dyn Fn() -> bool, small: bool, land: Option<&Landing<'_>>) -> bool {
-        if let Some(l) = land {
-            // The receive reads its frame itself, straight into its buffer: the reader stands
-            // aside as for small frames.
-            self.polled.fetch_add(1, Ordering::SeqCst);
-            let got = super::poll_yielding(budget, || self.land(l) || self.pump() || ready());
-            if self.polled.fetch_sub(1, Ordering::SeqCst) == 1 && !got {
-                futex_wake(&self.polled);
-            }
-            return got;
-        }
-        if !small {
+        let look = || land.is_some_and(|l| self.land(l)) || self.pump() || ready();
+        if !small && land.is_none() {
             // A large frame is the reader's to copy while this thread works on the last one:
             // wake the reader in case it stands aside after an earlier small receive.
             futex_wake(&self.polled);
-            return super::poll_yielding(budget, || self.pump() || ready());
+            return super::poll_yielding(budget, look);
         }
-        // The receive takes the small frames itself: a reader thread woken by each of them
-        // would find nothing to do, and take a core from the ranks that share it.
+        // The receive takes its frame itself (small ones whole, one it lands straight into its
+        // buffer): a reader thread woken by each would find nothing to do, and take a core
+        // from the ranks that share it.
         self.polled.fetch_add(1, Ordering::SeqCst);
-        let got = super::poll_yielding(budget, || self.pump() || ready());
+        let got = super::poll_yielding(budget, look);
         if self.polled.fetch_sub(1, Ordering::SeqCst) == 1 && !got {
             // The receive will sleep: from now on the reader must watch the socket.
             futex_wake(&self.polled);
@@ -789,24 +781,14 @@ mod tests {
         // The receive's `pump` and the reader thread race for every frame; whoever wins, the
         // inbox must get each frame once, intact and in order, also when a frame arrives in
         // pieces (then only the reader may take it).
-        let (mut tx, rx) = socket_pair();
-        let inbox = Arc::new(Inbox::default());
-        let cfg = Config { timeout: Duration::from_secs(20), heartbeat: Duration::ZERO, ..Config::default() };
-        let link = start_link(rx, 1, &inbox, &cfg).expect("link");
+        let (mut tx, inbox, link, cfg) = linked(Duration::from_secs(20));
         const FRAMES: u64 = 300;
         let body = |seq: u64| -> Vec<u8> { (0..(seq * 997) % 70_000).map(|i| (i * 31 + seq) as u8).collect() };
         let writer = std::thread::spawn(move || {
             use std::io::Write;
             for seq in 0..FRAMES {
                 let payload = body(seq);
-                let hdr = FrameHeader {
-                    kind: FrameKind::Collective,
-                    comm_id: 9,
-                    epoch: 0,
-                    seq,
-                    tag: 3,
-                    len: payload.len() as u64,
-                };
+                let hdr = collective(seq, payload.len());
                 if seq % 3 == 0 {
                     // In pieces, with pauses between them.
                     tx.write_all(&hdr.encode()[..10]).expect("write");
@@ -823,17 +805,26 @@ mod tests {
             tx
         });
         for seq in 0..FRAMES {
-            let key = super::super::Key { src: 1, kind: FrameKind::Collective, comm_id: 9, seq };
             // Half of the receives wait as for a small frame (the reader stands aside), half
             // as for a large one (the reader races them).
             let poll = |budget, ready: &dyn Fn() -> bool| link.poll(budget, ready, seq % 2 == 0, None);
-            let f = inbox.take(key, cfg.timeout, &|_| None, &poll).expect("frame");
+            let f = inbox.take(key(seq), cfg.timeout, &|_| None, &poll).expect("frame");
             assert_eq!((f.hdr.seq, f.hdr.tag), (seq, 3));
             assert!(f.payload == body(seq), "frame {seq} intact");
         }
         assert_eq!(inbox.queued(), 0);
         drop(writer.join().expect("writer"));
         link.close(false);
+    }
+
+    /// A link to world rank 1 over a socket pair, without heartbeats: the peer's end, the
+    /// inbox, the link and its configuration.
+    fn linked(timeout: Duration) -> (TcpStream, Arc<Inbox>, Arc<dyn Link>, Config) {
+        let (tx, rx) = socket_pair();
+        let inbox = Arc::new(Inbox::default());
+        let cfg = Config { timeout, heartbeat: Duration::ZERO, ..Config::default() };
+        let link = start_link(rx, 1, &inbox, &cfg).expect("link");
+        (tx, inbox, link, cfg)
     }
 
     fn collective(seq: u64, len: usize) -> FrameHeader {
@@ -846,10 +837,7 @@ mod tests {
 
     #[test]
     fn large_frames_land_whole_in_the_receive_buffer_and_the_others_still_arrive_in_order() {
-        let (mut tx, rx) = socket_pair();
-        let inbox = Arc::new(Inbox::default());
-        let cfg = Config { timeout: Duration::from_secs(20), heartbeat: Duration::ZERO, ..Config::default() };
-        let link = start_link(rx, 1, &inbox, &cfg).expect("link");
+        let (mut tx, inbox, link, cfg) = linked(Duration::from_secs(20));
         const FRAMES: u64 = 40;
         let len = |seq: u64| if seq.is_multiple_of(2) { 100_000 + seq as usize * 1000 } else { 40 + seq as usize };
         let body = move |seq: u64| -> Vec<u8> { (0..len(seq)).map(|i| (i as u64 * 7 + seq) as u8).collect() };
@@ -898,10 +886,7 @@ mod tests {
 
     #[test]
     fn a_receive_that_gives_up_inside_a_frame_never_writes_its_buffer_again_and_the_stream_goes_on() {
-        let (tx, rx) = socket_pair();
-        let inbox = Arc::new(Inbox::default());
-        let cfg = Config { timeout: Duration::from_secs(20), heartbeat: Duration::ZERO, ..Config::default() };
-        let link = start_link(rx, 1, &inbox, &cfg).expect("link");
+        let (tx, inbox, link, cfg) = linked(Duration::from_secs(20));
         let big: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8 + 1).collect();
         let (go, polling) = std::sync::mpsc::channel::<()>();
         let (rest, gave_up) = std::sync::mpsc::channel::<()>();
@@ -948,19 +933,15 @@ mod tests {
     fn a_receive_polling_for_a_small_frame_learns_that_the_peer_died_from_the_reader() {
         // The reader stands aside while the receive polls; the end of the stream is still its
         // to find, and the receive must hear of it, not wait out its timeout.
-        let (tx, rx) = socket_pair();
-        let inbox = Arc::new(Inbox::default());
-        let cfg = Config { timeout: Duration::from_secs(60), heartbeat: Duration::ZERO, ..Config::default() };
-        let link = start_link(rx, 1, &inbox, &cfg).expect("link");
+        let (tx, inbox, link, cfg) = linked(Duration::from_secs(60));
         let killer = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(50));
             drop(tx);
         });
-        let key = super::super::Key { src: 1, kind: FrameKind::Collective, comm_id: 9, seq: 0 };
         let status =
             |h: &super::super::Health<'_>| h.failed.get(&1).map(|why| Error::rank_failed(vec![1], why.clone()));
         let poll = |budget, ready: &dyn Fn() -> bool| link.poll(budget, ready, true, None);
-        let got = inbox.take(key, cfg.timeout, &status, &poll);
+        let got = inbox.take(key(0), cfg.timeout, &status, &poll);
         killer.join().expect("killer");
         let e = got.expect_err("the peer closed its connection");
         assert_eq!(e.kind(), ErrorKind::RankFailed, "{e}");
