@@ -2,8 +2,9 @@
 # Side-by-side allreduce benchmark, in one run: hccn (hccn-perf), Open MPI (shared memory and
 # TCP, our own MPI_Allreduce program) and Gloo (torch.distributed, our own program), fp32 sum,
 # 4 B .. 256 MiB, 2 and 4 ranks, hccn both on its default transports and with
-# HCCN_TRANSPORT=tcp (compared with the TCP peers), with memcpy and loopback iperf3 (one stream,
-# and both directions at once as an allreduce uses it) as the limits; prints one table per rank
+# HCCN_TRANSPORT=tcp (compared with the TCP peers), with memcpy, loopback iperf3 (one stream,
+# and both directions at once as an allreduce uses it), the cross-process read rate and the
+# post-and-wait round of n processes (hccn-limits) as the limits; prints one table per rank
 # count with hccn/peer ratios. Installs what is missing (Debian openmpi-bin,
 # libopenmpi-dev, iperf3; torch comes from /opt/hccn/venvs/torch, made by
 # scripts/setup-python.sh torch). Takes 3 to 5 minutes on the 2-core machine; nothing here is a
@@ -42,7 +43,7 @@ have_torch=1
 "$py" -c 'import torch' >/dev/null 2>&1 || { have_torch=0; log "no torch in /opt/hccn/venvs/torch: Gloo is left out"; }
 
 # --- build -----------------------------------------------------------------------------------
-log "building hccn-perf, hccnrun, hccn-kernel-bench and the MPI program"
+log "building hccn-perf, hccnrun, hccn-kernel-bench, hccn-limits and the MPI program"
 cargo build --release -q -p hccn-tools -p hccn-benches
 bin=$root/target/release
 mpicc -O2 -o "$out/allreduce_mpi" benches/compare/allreduce_mpi.c
@@ -50,6 +51,8 @@ mpicc -O2 -o "$out/allreduce_mpi" benches/compare/allreduce_mpi.c
 # --- limits ----------------------------------------------------------------------------------
 log "memcpy and the fp32 sum kernel"
 "$bin/hccn-kernel-bench" --only fp32_sum >"$out/memcpy.txt"
+log "cross-process read and post-and-wait floors (hccn-limits)"
+"$bin/hccn-limits" >"$out/limits.txt" || log "hccn-limits failed"
 log "loopback iperf3"
 port=$((20000 + RANDOM % 20000))
 iperf3 -s -1 -p "$port" >/dev/null 2>&1 &

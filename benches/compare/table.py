@@ -2,7 +2,7 @@
 Usage: python3 table.py DIR. Reads DIR/{hccn,hccn-reg,hccn-tcp,mpi-shm,mpi-tcp,gloo}-np{2,4}.txt ("bytes us"
 lines, or hccn-perf tables; hccn-reg is hccn-perf -R, buffers from hccn_mem_alloc; hccn-tcp is
 HCCN_TRANSPORT=tcp), DIR/memcpy.txt (hccn-kernel-bench output), DIR/iperf3.json and
-DIR/iperf3-bidir.json."""
+DIR/iperf3-bidir.json and DIR/limits.txt (hccn-limits output)."""
 import json
 import os
 import sys
@@ -103,6 +103,15 @@ def main():
           f"loopback TCP (iperf3, 3 s): 1 stream {one}, both directions at once (--bidir, the sum) {both}. "
           "In a ring allreduce each of n ranks sends busbw x time bytes, so together they move n x busbw "
           "through loopback: with 2 ranks busbw can reach at most half of the --bidir sum.")
+    limits = os.path.join(d, "limits.txt")
+    if os.path.exists(limits):
+        print("Floors measured without any library (hccn-limits): with heap buffers each rank of a 2-rank "
+              "allreduce reads busbw x time bytes out of its peer's private memory, so the cross-process "
+              "read rate bounds the busbw of a single-copy path; the post-and-wait round is a 4-byte allreduce with the data, "
+              "checks and API taken away.")
+        for line in open(limits):
+            if not line.startswith("#") and line.strip():
+                print("  " + line.strip())
 
 
 if __name__ == "__main__":
