@@ -184,9 +184,7 @@ impl TcpLink {
         }
         true
     }
-}
 
-impl TcpLink {
     /// Reads the frame at the head of the stream straight into `l.dst` when it is the next
     /// frame of `l.key` (none of its frames waits in the inbox) and exactly as long, then files
     /// a marker for it (`Frame::landed`); true when it did. It waits for the payload as it
@@ -197,13 +195,7 @@ impl TcpLink {
         if !self.caught_up() || self.inbox.has_queued(&l.key) {
             return false;
         }
-        let mut head = [0u8; HEADER_LEN];
-        // SAFETY: peeks at most HEADER_LEN bytes into `head`; `fd` lives as long as self.
-        let n =
-            unsafe { libc::recv(self.fd, head.as_mut_ptr().cast(), HEADER_LEN, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
-        if n != HEADER_LEN as isize {
-            return false;
-        }
+        let Some(mut head) = peek_header(self.fd) else { return false };
         let mut dst = l.dst.borrow_mut();
         let ours = FrameHeader::decode(&head, MAX_CHUNK_BYTES).ok().filter(|h| {
             Key { src: self.peer, kind: h.kind, comm_id: h.comm_id, seq: h.seq } == l.key && h.len == dst.len() as u64
@@ -344,6 +336,14 @@ fn read_exact_fd(fd: std::os::fd::RawFd, buf: &mut [u8]) -> std::io::Result<()> 
     Ok(())
 }
 
+/// The bytes of the frame header at the head of `fd`'s stream, left there, once all have come.
+fn peek_header(fd: std::os::fd::RawFd) -> Option<[u8; HEADER_LEN]> {
+    let mut head = [0u8; HEADER_LEN];
+    // SAFETY: peeks at most HEADER_LEN bytes into `head`; the caller keeps `fd` open.
+    let n = unsafe { libc::recv(fd, head.as_mut_ptr().cast(), HEADER_LEN, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    (n == HEADER_LEN as isize).then_some(head)
+}
+
 /// The header of the frame at the head of `fd`'s stream when all of it is there, and it is one
 /// that a receive may take: a data frame or a plain heartbeat. Anything else, malformed frames
 /// included, is the reader thread's to handle.
@@ -353,13 +353,7 @@ fn whole_frame(fd: std::os::fd::RawFd) -> Option<FrameHeader> {
     if unsafe { libc::ioctl(fd, libc::FIONREAD, &mut avail) } != 0 || (avail as usize) < HEADER_LEN {
         return None;
     }
-    let mut head = [0u8; HEADER_LEN];
-    // SAFETY: peeks at most HEADER_LEN bytes into `head`.
-    let n = unsafe { libc::recv(fd, head.as_mut_ptr().cast(), HEADER_LEN, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
-    if n != HEADER_LEN as isize {
-        return None;
-    }
-    let hdr = FrameHeader::decode(&head, MAX_CHUNK_BYTES).ok()?;
+    let hdr = FrameHeader::decode(&peek_header(fd)?, MAX_CHUNK_BYTES).ok()?;
     match hdr.kind {
         FrameKind::Heartbeat if hdr.len == 0 => {}
         FrameKind::Goodbye | FrameKind::Revoke | FrameKind::Heartbeat => return None,
