@@ -151,8 +151,6 @@ fn post_and_wait(n: usize, rounds: u64) -> Option<f64> {
 fn cross_process_read(bytes: usize) -> Option<(f64, f64)> {
     // Words: 0..2 the pids, 2..4 barrier counters, 4..24 per-process per-round seconds.
     let shared = Shared::new(24);
-    // SAFETY: getpid has no preconditions.
-    shared.word(0).store(unsafe { libc::getpid() } as u64, Ordering::Relaxed);
     // Allocated before the fork, so both processes have their own copy at the same address
     // (written below, which makes the pages private to each).
     let mut buf = vec![0u8; bytes];
