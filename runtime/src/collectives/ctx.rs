@@ -299,6 +299,24 @@ impl<'a> Ctx<'a> {
         })
     }
 
+    /// Receives into `dst` combined with `base` (of `dst`'s length): `dst = base op received`,
+    /// whatever `dst` held.
+    pub fn recv_reduce_onto(
+        &self,
+        from: u32,
+        tag: u32,
+        dst: &mut [u8],
+        base: &[u8],
+        dt: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let len = dst.len();
+        self.recv_with(from, tag, len, &mut |off, piece| {
+            let end = off + piece.len();
+            reduce::reduce_from(&mut dst[off..end], &base[off..end], piece, dt, op)
+        })
+    }
+
     /// Host index (0, 1, ... in order of first appearance) of every rank of the communicator,
     /// when every member's host is known.
     pub fn hosts(&self) -> Option<&[u32]> {

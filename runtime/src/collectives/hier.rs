@@ -16,9 +16,9 @@
 
 use std::ops::Range;
 
-use super::ring::Ring;
+use super::ring::{split, Ring};
 use super::{Algorithm, Ctx, ReduceArgs};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::types::{DataType, ReduceOp};
 
 pub(crate) struct Hier;
@@ -42,33 +42,63 @@ fn segments(bytes: usize, esize: usize, n: usize) -> Vec<Range<usize>> {
     (0..n).map(|i| (i * count / n) * esize..((i + 1) * count / n) * esize).collect()
 }
 
-/// Sends `buf[out.1]` to `out.0` and receives `buf[in_.1]` from `in_.0`, chunk by chunk,
-/// reducing what arrives (`op = Some`) or storing it. The two ranges never overlap.
+/// What an exchange does with the chunks it receives.
+#[derive(Clone, Copy)]
+enum Land<'a> {
+    Store,
+    /// `dst op= chunk`.
+    Reduce(DataType, ReduceOp),
+    /// `dst = base op chunk`, `base` covering the whole received range: the first contribution
+    /// to an out-of-place allreduce's segment, whose output never holds a copy of the input.
+    ReduceOnto(&'a [u8], DataType, ReduceOp),
+}
+
+/// Sends `out.1` to `out.0` and receives `in_.1` from `in_.0`, chunk by chunk, landing what
+/// arrives as `land` says.
 fn exchange(
+    ctx: &Ctx<'_>,
+    tag: u32,
+    out: Option<(u32, &[u8])>,
+    in_: Option<(u32, &mut [u8])>,
+    land: Land<'_>,
+) -> Result<()> {
+    let k_out = out.as_ref().map_or(0, |(_, b)| ctx.nchunks(b.len()));
+    let (from, dst) = match in_ {
+        Some((from, dst)) => (from, dst),
+        None => (0, &mut [][..]),
+    };
+    let k_in = ctx.nchunks(dst.len());
+    for c in 0..k_out.max(k_in) {
+        if let Some((to, b)) = out.as_ref().filter(|_| c < k_out) {
+            ctx.send(*to, tag, &b[ctx.chunk_range(b.len(), c)])?;
+        }
+        if c < k_in {
+            let part = ctx.chunk_range(dst.len(), c);
+            match land {
+                Land::Store => ctx.recv_into(from, tag, &mut dst[part])?,
+                Land::Reduce(dt, op) => ctx.recv_reduce(from, tag, &mut dst[part], dt, op)?,
+                Land::ReduceOnto(base, dt, op) => {
+                    ctx.recv_reduce_onto(from, tag, &mut dst[part.clone()], &base[part], dt, op)?
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// [`exchange`] within one buffer: sends `buf[out.1]`, receives into `buf[in_.1]` (ranges that
+/// do not overlap).
+fn exchange_within(
     ctx: &Ctx<'_>,
     tag: u32,
     buf: &mut [u8],
     out: Option<(u32, Range<usize>)>,
     in_: Option<(u32, Range<usize>)>,
-    op: Option<(DataType, ReduceOp)>,
+    land: Land<'_>,
 ) -> Result<()> {
-    let k_out = out.as_ref().map_or(0, |(_, r)| ctx.nchunks(r.len()));
-    let k_in = in_.as_ref().map_or(0, |(_, r)| ctx.nchunks(r.len()));
-    for c in 0..k_out.max(k_in) {
-        if let Some((to, r)) = out.as_ref().filter(|_| c < k_out) {
-            let part = ctx.chunk_range(r.len(), c);
-            ctx.send(*to, tag, &buf[r.start + part.start..r.start + part.end])?;
-        }
-        if let Some((from, r)) = in_.as_ref().filter(|_| c < k_in) {
-            let part = ctx.chunk_range(r.len(), c);
-            let dst = &mut buf[r.start + part.start..r.start + part.end];
-            match op {
-                Some((dt, op)) => ctx.recv_reduce(*from, tag, dst, dt, op)?,
-                None => ctx.recv_into(*from, tag, dst)?,
-            }
-        }
-    }
-    Ok(())
+    let (src, dst) =
+        split(buf, out.as_ref().map_or(0..0, |o| o.1.clone()), in_.as_ref().map_or(0..0, |i| i.1.clone()))?;
+    exchange(ctx, tag, out.map(|(to, _)| (to, src)), in_.map(|(from, _)| (from, dst)), land)
 }
 
 /// Ring allreduce of `buf` among `peers` (communicator ranks; this rank is `peers[pos]`).
@@ -82,17 +112,27 @@ fn ring_among(ctx: &Ctx<'_>, peers: &[u32], pos: usize, buf: &mut [u8], dt: Data
     for s in 0..n - 1 {
         let out = segs[(pos + n - s) % n].clone();
         let in_ = segs[(pos + 2 * n - s - 1) % n].clone();
-        exchange(ctx, TAG_ACROSS + s as u32, buf, Some((next, out)), Some((prev, in_)), Some((dt, op)))?;
+        exchange_within(ctx, TAG_ACROSS + s as u32, buf, Some((next, out)), Some((prev, in_)), Land::Reduce(dt, op))?;
     }
     for s in 0..n - 1 {
         let out = segs[(pos + 1 + n - s) % n].clone();
         let in_ = segs[(pos + n - s) % n].clone();
-        exchange(ctx, TAG_ACROSS + (n + s) as u32, buf, Some((next, out)), Some((prev, in_)), None)?;
+        exchange_within(ctx, TAG_ACROSS + (n + s) as u32, buf, Some((next, out)), Some((prev, in_)), Land::Store)?;
     }
     Ok(())
 }
 
-fn allreduce(ctx: &Ctx<'_>, hosts: &[u32], buf: &mut [u8], dt: DataType, op: ReduceOp) -> Result<()> {
+/// Allreduce into `buf` of this rank's contribution, which is `input` or, without it, `buf` itself
+/// on entry. With `input`, `buf` is never copied into: the first contribution an owner receives
+/// for its segment is combined with the input, and every other segment arrives in step 3.
+fn allreduce(
+    ctx: &Ctx<'_>,
+    hosts: &[u32],
+    input: Option<&[u8]>,
+    buf: &mut [u8],
+    dt: DataType,
+    op: ReduceOp,
+) -> Result<()> {
     let me = ctx.rank();
     let nhosts = hosts.iter().max().map_or(1, |m| *m as usize + 1);
     let on = |h: u32| -> Vec<u32> { (0..hosts.len() as u32).filter(|r| hosts[*r as usize] == h).collect() };
@@ -106,7 +146,24 @@ fn allreduce(ctx: &Ctx<'_>, hosts: &[u32], buf: &mut [u8], dt: DataType, op: Red
         let (to, from) = ((i + k) % m, (i + m - k) % m);
         let out = (to < owners).then(|| (local[to], segs[to].clone()));
         let in_ = (i < owners).then(|| (local[from], segs[i].clone()));
-        exchange(ctx, TAG_LOCAL_REDUCE + k as u32, buf, out, in_, Some((dt, op)))?;
+        let tag = TAG_LOCAL_REDUCE + k as u32;
+        match input {
+            Some(input) => {
+                // Only an owner receives (segs[i] exists); its first receive meets the input.
+                let land = match segs.get(i) {
+                    Some(r) if k == 1 => Land::ReduceOnto(&input[r.clone()], dt, op),
+                    _ => Land::Reduce(dt, op),
+                };
+                let out = out.map(|(to, r)| (to, &input[r]));
+                let in_ = in_.map(|(from, r)| (from, &mut buf[r]));
+                exchange(ctx, tag, out, in_, land)?;
+            }
+            None => exchange_within(ctx, tag, buf, out, in_, Land::Reduce(dt, op))?,
+        }
+    }
+    if let Some(input) = input.filter(|_| m == 1 && i < owners) {
+        // Alone on its host: nothing arrived to combine the input with.
+        buf[segs[i].clone()].copy_from_slice(&input[segs[i].clone()]);
     }
     // 2. Inter-host allreduce of segment i among its owners, one per host.
     if i < owners {
@@ -119,7 +176,7 @@ fn allreduce(ctx: &Ctx<'_>, hosts: &[u32], buf: &mut [u8], dt: DataType, op: Red
         let (to, from) = ((i + k) % m, (i + m - k) % m);
         let out = (i < owners).then(|| (local[to], segs[i].clone()));
         let in_ = (from < owners).then(|| (local[from], segs[from].clone()));
-        exchange(ctx, TAG_LOCAL_GATHER + k as u32, buf, out, in_, None)?;
+        exchange_within(ctx, TAG_LOCAL_GATHER + k as u32, buf, out, in_, Land::Store)?;
     }
     Ok(())
 }
@@ -131,9 +188,21 @@ impl Algorithm for Hier {
 
     fn reduce(&self, ctx: &Ctx<'_>, w: &mut ReduceArgs<'_>) -> Result<()> {
         match ctx.hosts() {
-            Some(hosts) if w.root.is_none() && applies(Some(hosts)) => allreduce(ctx, hosts, w.acc, w.dt, w.op),
+            Some(hosts) if w.root.is_none() && applies(Some(hosts)) => allreduce(ctx, hosts, None, w.acc, w.dt, w.op),
             // Not a layout (or an operation) hierarchy is for: the flat ring does it.
             _ => Ring.reduce(ctx, w),
+        }
+    }
+
+    fn allreduce_from(&self, ctx: &Ctx<'_>, input: &[u8], w: &mut ReduceArgs<'_>) -> Result<()> {
+        if input.len() != w.acc.len() {
+            return Err(Error::internal(format!("hier allreduce of {} input bytes into {}", input.len(), w.acc.len())));
+        }
+        match ctx.hosts() {
+            Some(hosts) if w.root.is_none() && applies(Some(hosts)) => {
+                allreduce(ctx, hosts, Some(input), w.acc, w.dt, w.op)
+            }
+            _ => Ring.allreduce_from(ctx, input, w),
         }
     }
 }

@@ -84,7 +84,7 @@ fn segment(bytes: usize, esize: usize, n: u32, i: u32) -> Range<usize> {
 }
 
 /// `buf[out]` to read and `buf[in_]` to write at the same time (the ranges must not overlap).
-fn split(buf: &mut [u8], out: Range<usize>, in_: Range<usize>) -> Result<(&[u8], &mut [u8])> {
+pub(super) fn split(buf: &mut [u8], out: Range<usize>, in_: Range<usize>) -> Result<(&[u8], &mut [u8])> {
     if out.is_empty() {
         return Ok((&[], &mut buf[in_]));
     }

@@ -5,19 +5,32 @@
 
 use std::process::ExitCode;
 
-use hccn_runtime::{Communicator, ReduceOp};
+use hccn_runtime::{Communicator, DataType, Op, Ptr, ReduceOp};
 
-/// Checks allreduce(sum) over `comm` at several counts; the expected value of element i is the
-/// sum over members m of (world rank of m + 1) * (i % 7 + 1).
+/// Checks allreduce(sum) over `comm` at several counts, out of place and in place; the expected
+/// value of element i is the sum over members m of (world rank of m + 1) * (i % 7 + 1).
 fn check(comm: &Communicator, world_ranks: &[u32]) -> Result<u64, String> {
     let me = world_ranks[comm.rank() as usize];
+    let total: i64 = world_ranks.iter().map(|r| *r as i64 + 1).sum();
     let mut wrong = 0u64;
     for count in [1usize, 2, 3, 5, 1000, 300_001] {
         let send: Vec<i64> = (0..count).map(|i| (me as i64 + 1) * (i as i64 % 7 + 1)).collect();
         let mut recv = vec![0i64; count];
         comm.all_reduce(&send, &mut recv, ReduceOp::Sum).map_err(|e| format!("count {count}: {e}"))?;
-        let total: i64 = world_ranks.iter().map(|r| *r as i64 + 1).sum();
-        wrong += recv.iter().enumerate().filter(|(i, v)| **v != total * (*i as i64 % 7 + 1)).count() as u64;
+        let mut in_place = send.clone();
+        let op = Op::AllReduce {
+            send: Ptr::from_const(in_place.as_ptr()),
+            recv: Ptr::from_mut(in_place.as_mut_ptr()),
+            count: count as u64,
+            dt: DataType::Int64,
+            op: ReduceOp::Sum,
+        };
+        // SAFETY: one live buffer of `count` elements, both send and receive (in place), which
+        // outlives this blocking call.
+        unsafe { comm.submit(op, None) }.map_err(|e| format!("count {count} in place: {e}"))?;
+        for got in [&recv, &in_place] {
+            wrong += got.iter().enumerate().filter(|(i, v)| **v != total * (*i as i64 % 7 + 1)).count() as u64;
+        }
     }
     Ok(wrong)
 }
