@@ -75,14 +75,14 @@ fn exchange(
         if c < k_in {
             let r = ctx.chunk_range(in_.len(), c);
             let dst = &mut buf[in_.start + r.start..in_.start + r.end];
-            let mut data = ctx.recv(peer, tag, dst.len())?;
+            // Each piece is combined where it lies (a ring slot, the pooled frame): no copy of
+            // the chunk, no allocation.
             match into {
-                Land::Reduce(dt, op) => reduce::reduce_into(dst, &data, dt, op),
-                Land::ReduceTheirsFirst(dt, op) => {
-                    reduce::reduce_into(&mut data, dst, dt, op);
-                    dst.copy_from_slice(&data);
-                }
-                Land::Store => dst.copy_from_slice(&data),
+                Land::Reduce(dt, op) => ctx.recv_reduce(peer, tag, dst, dt, op)?,
+                Land::ReduceTheirsFirst(dt, op) => ctx.recv_with(peer, tag, dst.len(), &mut |off, piece| {
+                    reduce::reduce_onto(&mut dst[off..off + piece.len()], piece, dt, op)
+                })?,
+                Land::Store => ctx.recv_into(peer, tag, dst)?,
             }
         }
     }
