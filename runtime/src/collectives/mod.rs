@@ -463,15 +463,32 @@ unsafe fn run(ctx: &Ctx<'_>, work: &Work, algo: &dyn Algorithm) -> Result<()> {
             algo.gather(ctx, &mut GatherArgs { own, recv, blocks, root: *root })
         }
         Work::ReduceScatter { send, recv, block_bytes, dt, op } => {
-            // The input may contain the output (in place), so it is read from a private copy.
-            // SAFETY: buffers per the contract stated above the match.
-            let input = unsafe { view(*send, block_bytes * n as usize) }.to_vec();
-            // SAFETY: buffers per the contract stated above the match.
-            let out = unsafe { view_mut(*recv, *block_bytes) };
-            let mut args = ReduceScatterArgs { input: &input, out, block_bytes: *block_bytes, dt: *dt, op: *op };
-            algo.reduce_scatter(ctx, &mut args)?;
-            if *op == ReduceOp::Avg {
-                reduce::finish_avg(args.out, *dt, n);
+            let total = block_bytes * n as usize;
+            // In place, the output is this rank's block of the input (validation allows no
+            // other overlap): the result is made in a private block and copied there after.
+            let in_place = (send.0 as usize..send.0 as usize + total).contains(&(recv.0 as usize));
+            let mut private = if in_place { crate::transport::pool::take(*block_bytes) } else { Vec::new() };
+            {
+                // SAFETY: buffers per the contract stated above the match; out of place they
+                // are disjoint, in place only `input` views the caller's memory.
+                let input = unsafe { view(*send, total) };
+                let out = if in_place {
+                    private.resize(*block_bytes, 0);
+                    &mut private[..]
+                } else {
+                    // SAFETY: as above.
+                    unsafe { view_mut(*recv, *block_bytes) }
+                };
+                let mut args = ReduceScatterArgs { input, out, block_bytes: *block_bytes, dt: *dt, op: *op };
+                algo.reduce_scatter(ctx, &mut args)?;
+                if *op == ReduceOp::Avg {
+                    reduce::finish_avg(args.out, *dt, n);
+                }
+            }
+            if in_place {
+                // SAFETY: as above; `private` holds `block_bytes` bytes.
+                unsafe { copy(Ptr(private.as_mut_ptr()), *recv, *block_bytes) };
+                crate::transport::pool::give(private);
             }
             Ok(())
         }

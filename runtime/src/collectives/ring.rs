@@ -108,40 +108,25 @@ pub(super) fn split(buf: &mut [u8], out: Range<usize>, in_: Range<usize>) -> Res
 enum Land<'a> {
     /// Stored as they arrive (allgather).
     Store,
-    /// Combined into the working buffer: `buf[in_] op= chunk`.
+    /// Combined into the destination: `dst op= chunk`.
     Reduce(ReduceOp),
-    /// Combined with this rank's `input` into the working buffer, `buf[in_] = input[in_] op
-    /// chunk`: an out-of-place allreduce, whose `buf` never receives a copy of the input. In the
-    /// first step (`send_input`) the outgoing chunks come from the input too.
-    ReduceInput { op: ReduceOp, input: &'a [u8], send_input: bool },
+    /// Combined with this rank's input for the block, `base` (of the destination's length):
+    /// `dst = base op chunk`, whatever `dst` held. Out of place, the working buffer never
+    /// receives a copy of the input.
+    ReduceOnto { op: ReduceOp, base: &'a [u8] },
 }
 
-/// One ring step: send `buf[out]` to `next` and receive `in_` from `prev`, chunk by chunk;
+/// One ring step: send `src` to `next` and receive into `dst` from `prev`, chunk by chunk;
 /// received chunks land as `land` says. Chunks go out as sends that complete later (the peer
-/// may read them straight from `buf`), all finished before the step returns: `out` does not
+/// may read them straight from `src`), all finished before the step returns: `src` does not
 /// change during its own step, and no peer reads it after.
-fn step(
-    ctx: &Ctx<'_>,
-    tag: u32,
-    buf: &mut [u8],
-    out: Range<usize>,
-    in_: Range<usize>,
-    codec: &dyn Codec,
-    land: Land<'_>,
-) -> Result<()> {
+fn step(ctx: &Ctx<'_>, tag: u32, src: &[u8], dst_all: &mut [u8], codec: &dyn Codec, land: Land<'_>) -> Result<()> {
     let n = ctx.size();
     let (next, prev) = ((ctx.rank() + 1) % n, (ctx.rank() + n - 1) % n);
-    let (k_out, k_in) = (ctx.nchunks(out.len()), ctx.nchunks(in_.len()));
-    let (src, dst_all, base_all) = match land {
-        Land::ReduceInput { input, send_input: true, .. } => (&input[out], &mut buf[in_.clone()], &input[in_]),
-        Land::ReduceInput { input, .. } => {
-            let (src, dst) = split(buf, out, in_.clone())?;
-            (src, dst, &input[in_])
-        }
-        _ => {
-            let (src, dst) = split(buf, out, in_)?;
-            (src, dst, &[][..])
-        }
+    let (k_out, k_in) = (ctx.nchunks(src.len()), ctx.nchunks(dst_all.len()));
+    let base_all = match land {
+        Land::ReduceOnto { base, .. } => base,
+        _ => &[],
     };
     let mut sends = Sends::default();
     for c in 0..k_out.max(k_in) {
@@ -159,7 +144,7 @@ fn step(
                     ctx.recv_into(prev, tag, dst)?;
                     continue;
                 }
-                Land::ReduceInput { op, .. } if codec.raw() => {
+                Land::ReduceOnto { op, .. } if codec.raw() => {
                     // Combined with the input where the chunk lies (a ring slot, the sender's
                     // mapped buffer) or, after a single-copy read, where it landed in `dst`,
                     // piece by piece in cache: `dst` is written once and never read first.
@@ -186,7 +171,7 @@ fn step(
                 match land {
                     Land::Store => codec.decode(&mut dst[a..b], piece, None),
                     Land::Reduce(op) => codec.decode(&mut dst[a..b], piece, Some(op)),
-                    Land::ReduceInput { op, .. } => codec.decode_onto(&mut dst[a..b], &base[a..b], piece, op),
+                    Land::ReduceOnto { op, .. } => codec.decode_onto(&mut dst[a..b], &base[a..b], piece, op),
                 }
             })?;
         }
@@ -195,28 +180,36 @@ fn step(
 }
 
 /// Reduce-scatter phase over `buf` split into `segs`: afterwards this rank holds the fully
-/// reduced segment `(rank + 1 - shift) % n`. Returns the next free tag. With `input`, `buf`
-/// need not hold the contribution (see [`Land::ReduceInput`]): every segment is received once,
+/// reduced segment `(rank + 1) % n`. Returns the next free tag. With `input`, `buf`
+/// need not hold the contribution (see [`Land::ReduceOnto`]): every segment is received once,
 /// and every one sent after the first step is one received in the step before.
 fn reduce_scatter_phase(
     ctx: &Ctx<'_>,
     buf: &mut [u8],
     input: Option<&[u8]>,
     seg: &dyn Fn(u32) -> Range<usize>,
-    shift: u32,
     codec: &dyn Codec,
     op: ReduceOp,
 ) -> Result<u32> {
     let n = ctx.size();
-    let r = ctx.rank() + n - shift % n;
+    let r = ctx.rank() + n;
     for s in 0..n - 1 {
         let out = seg((r + 2 * n - s) % n);
         let in_ = seg((r + 2 * n - s - 1) % n);
-        let land = match input {
-            Some(input) => Land::ReduceInput { op, input, send_input: s == 0 },
-            None => Land::Reduce(op),
-        };
-        step(ctx, s, buf, out, in_, codec, land)?;
+        match input {
+            // The first step sends this rank's own contribution, from the input.
+            Some(input) if s == 0 => {
+                step(ctx, s, &input[out], &mut buf[in_.clone()], codec, Land::ReduceOnto { op, base: &input[in_] })?
+            }
+            Some(input) => {
+                let (src, dst) = split(buf, out, in_.clone())?;
+                step(ctx, s, src, dst, codec, Land::ReduceOnto { op, base: &input[in_] })?
+            }
+            None => {
+                let (src, dst) = split(buf, out, in_)?;
+                step(ctx, s, src, dst, codec, Land::Reduce(op))?
+            }
+        }
     }
     Ok(n - 1)
 }
@@ -246,12 +239,13 @@ pub(super) fn allreduce(
     let input = input.filter(|_| n > 1);
     let (bytes, esize) = (buf.len(), codec.esize());
     let seg = |i: u32| segment(bytes, esize, n, i);
-    let first = reduce_scatter_phase(ctx, buf, input, &seg, 0, codec, op)?;
+    let first = reduce_scatter_phase(ctx, buf, input, &seg, codec, op)?;
     codec.settle(&mut buf[seg((r + 1) % n)]);
     for s in 0..n - 1 {
         let out = seg((r + 1 + n - s) % n);
         let in_ = seg((r + n - s) % n);
-        step(ctx, first + s, buf, out, in_, codec, Land::Store)?;
+        let (src, dst) = split(buf, out, in_)?;
+        step(ctx, first + s, src, dst, codec, Land::Store)?;
     }
     Ok(())
 }
@@ -269,17 +263,41 @@ impl Algorithm for Ring {
         allreduce(ctx, w.acc, Some(input), &Plain(w.dt), w.op)
     }
 
+    /// Reduce-scatter straight from the input: each step combines the block it receives with
+    /// the input's (`Land::ReduceOnto`) and sends it on in the next step, so partial blocks
+    /// need two block buffers, used in turn: the output, which the last step fills, and (from
+    /// 3 ranks) one pooled scratch block. Nothing is copied first.
     fn reduce_scatter(&self, ctx: &Ctx<'_>, w: &mut ReduceScatterArgs<'_>) -> Result<()> {
-        let n = ctx.size();
-        let mut work = w.input.to_vec();
-        let block = w.block_bytes;
+        let (n, block) = (ctx.size(), w.block_bytes);
         let seg = |i: u32| i as usize * block..(i as usize + 1) * block;
-        if n > 1 {
-            // Shift by one so that the segment this rank ends with is its own.
-            reduce_scatter_phase(ctx, &mut work, None, &seg, 1, &Plain(w.dt), w.op)?;
+        if n == 1 {
+            w.out.copy_from_slice(&w.input[seg(0)]);
+            return Ok(());
         }
-        w.out.copy_from_slice(&work[seg(ctx.rank())]);
-        Ok(())
+        let plain = Plain(w.dt);
+        let mut scratch = if n > 2 { crate::transport::pool::take(block) } else { Vec::new() };
+        scratch.resize(if n > 2 { block } else { 0 }, 0);
+        // Step s sends block rank - 1 - s and receives block rank - 2 - s (mod n): the last
+        // step receives this rank's own block.
+        let r = ctx.rank() + n - 1;
+        let mut result = Ok(());
+        for s in 0..n - 1 {
+            let (out, in_) = (seg((r + 2 * n - s) % n), seg((r + 2 * n - s - 1) % n));
+            let land = Land::ReduceOnto { op: w.op, base: &w.input[in_] };
+            // The step that fills the output is the last, or an even number of steps before it.
+            let into_out = (n - 2 - s) % 2 == 0;
+            result = match (s, into_out) {
+                (0, true) => step(ctx, s, &w.input[out], w.out, &plain, land),
+                (0, false) => step(ctx, s, &w.input[out], &mut scratch, &plain, land),
+                (_, true) => step(ctx, s, &scratch, w.out, &plain, land),
+                (_, false) => step(ctx, s, w.out, &mut scratch, &plain, land),
+            };
+            if result.is_err() {
+                break;
+            }
+        }
+        crate::transport::pool::give(scratch);
+        result
     }
 
     fn gather(&self, ctx: &Ctx<'_>, w: &mut GatherArgs<'_>) -> Result<()> {
@@ -290,7 +308,8 @@ impl Algorithm for Ring {
         for s in 0..n - 1 {
             let out = w.blocks[((r + n - s) % n) as usize].clone();
             let in_ = w.blocks[((r + 2 * n - s - 1) % n) as usize].clone();
-            step(ctx, s, w.recv, out, in_, &plain, Land::Store)?;
+            let (src, dst) = split(w.recv, out, in_)?;
+            step(ctx, s, src, dst, &plain, Land::Store)?;
         }
         Ok(())
     }
