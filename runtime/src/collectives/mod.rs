@@ -261,6 +261,32 @@ pub(crate) trait Algorithm: Sync {
         w.acc.copy_from_slice(input);
         self.reduce(ctx, w)
     }
+    /// Reduce of `input` to `root`, whose result lands in `out` (given on the root only, and
+    /// disjoint from `input`). By default through a working copy of the input, which `reduce`
+    /// combines in place; algorithms that can combine the input as it goes skip the copy (and,
+    /// on the other ranks, a buffer of the input's size).
+    fn reduce_from(
+        &self,
+        ctx: &Ctx<'_>,
+        input: &[u8],
+        out: Option<&mut [u8]>,
+        dt: DataType,
+        op: ReduceOp,
+        root: u32,
+    ) -> Result<()> {
+        let mut scratch = Vec::new();
+        let acc = match out {
+            Some(out) => {
+                out.copy_from_slice(input);
+                out
+            }
+            None => {
+                scratch.extend_from_slice(input);
+                &mut scratch[..]
+            }
+        };
+        self.reduce(ctx, &mut ReduceArgs { acc, dt, op, root: Some(root) })
+    }
     fn allreduce_compressed(&self, _ctx: &Ctx<'_>, _w: &mut CompressedArgs<'_>) -> Result<()> {
         Err(unsupported(self.name(), "allreduce_compressed"))
     }
@@ -415,20 +441,26 @@ unsafe fn run(ctx: &Ctx<'_>, work: &Work, algo: &dyn Algorithm) -> Result<()> {
                 }
                 return Ok(());
             }
-            let mut scratch = Vec::new();
-            let acc: &mut [u8] = if owns_result {
-                // SAFETY: buffers per the contract stated above the match.
-                unsafe { copy(*send, *recv, *bytes) };
-                // SAFETY: buffers per the contract stated above the match.
-                unsafe { view_mut(*recv, *bytes) }
-            } else {
-                // SAFETY: buffers per the contract stated above the match.
-                scratch.extend_from_slice(unsafe { view(*send, *bytes) });
-                &mut scratch
-            };
+            if let Some(root) = root.filter(|_| send != recv || !owns_result) {
+                // A rooted reduce, not in place: a rank that is not the root has no output
+                // (its `recv` is not touched).
+                // SAFETY: buffers per the contract stated above the match; validation found
+                // them disjoint on the root.
+                let input = unsafe { view(*send, *bytes) };
+                // SAFETY: as above.
+                let mut out = owns_result.then(|| unsafe { view_mut(*recv, *bytes) });
+                algo.reduce_from(ctx, input, out.as_deref_mut(), *dt, *op, root)?;
+                if let Some(out) = out.filter(|_| *op == ReduceOp::Avg) {
+                    reduce::finish_avg(out, *dt, n);
+                }
+                return Ok(());
+            }
+            // In place, on a rank that keeps the result: `recv` is the input.
+            // SAFETY: buffers per the contract stated above the match.
+            let acc = unsafe { view_mut(*recv, *bytes) };
             let mut args = ReduceArgs { acc, dt: *dt, op: *op, root: *root };
             algo.reduce(ctx, &mut args)?;
-            if *op == ReduceOp::Avg && owns_result {
+            if *op == ReduceOp::Avg {
                 reduce::finish_avg(args.acc, *dt, n);
             }
             Ok(())

@@ -7,6 +7,7 @@
 
 use super::{Algorithm, Ctx, ReduceArgs};
 use crate::error::Result;
+use crate::types::{DataType, ReduceOp};
 
 pub(crate) struct BinomialTree;
 
@@ -48,6 +49,50 @@ impl Algorithm for BinomialTree {
         }
         if w.root.is_none() {
             broadcast(ctx, w.acc, root, 1)?;
+        }
+        Ok(())
+    }
+
+    /// Reduce straight from the input, chunk by chunk: a leaf sends its input as it is; a rank
+    /// with children combines the first child's chunk with its input's (`dst = input op
+    /// child`, the operand order of `reduce`) into its output on the root, or into one
+    /// chunk-sized buffer elsewhere, then the other children's, and sends it on.
+    fn reduce_from(
+        &self,
+        ctx: &Ctx<'_>,
+        input: &[u8],
+        mut out: Option<&mut [u8]>,
+        dt: DataType,
+        op: ReduceOp,
+        root: u32,
+    ) -> Result<()> {
+        let (parent, children) = family(ctx.rank(), root, ctx.size());
+        let mut work = Vec::new();
+        if out.is_none() && !children.is_empty() {
+            work.resize(ctx.chunk().min(input.len()), 0);
+        }
+        for r in ctx.chunks(input.len()) {
+            let chunk = &input[r.clone()];
+            let Some((&first, rest)) = children.split_first() else {
+                match (parent, out.as_deref_mut()) {
+                    (Some(p), _) => ctx.send(p, 0, chunk)?,
+                    // The root alone (one rank).
+                    (None, Some(out)) => out[r].copy_from_slice(chunk),
+                    (None, None) => {}
+                }
+                continue;
+            };
+            let acc = match out.as_deref_mut() {
+                Some(out) => &mut out[r],
+                None => &mut work[..chunk.len()],
+            };
+            ctx.recv_reduce_onto(first, 0, acc, chunk, dt, op)?;
+            for &c in rest {
+                ctx.recv_reduce(c, 0, acc, dt, op)?;
+            }
+            if let Some(p) = parent {
+                ctx.send(p, 0, acc)?;
+            }
         }
         Ok(())
     }
