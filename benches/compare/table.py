@@ -107,7 +107,8 @@ def main():
     if os.path.exists(limits):
         print("Floors measured without any library (hccn-limits): with heap buffers each rank of a 2-rank "
               "allreduce reads busbw x time bytes out of its peer's private memory, so the cross-process "
-              "read rate bounds the busbw of a single-copy path; the post-and-wait round is a 4-byte "
+              "read rate bounds the busbw of a single-copy path, and the heap allreduce line is that path "
+              "written out without a library; the post-and-wait round is a 4-byte "
               "allreduce with the data, checks and API taken away.")
         for line in open(limits):
             if not line.startswith("#") and line.strip():

@@ -27,6 +27,9 @@ fn every_floor_is_measured() {
     let read = line("cross-process read 16 MiB, 2 processes at once:");
     let (cma, memcpy) = (figure(read, "GB/s each ("), figure(read, "GB/s each)"));
     assert!(cma > 0.0 && cma.is_finite() && memcpy > 0.0 && memcpy.is_finite(), "{read}");
+    let heap = line("allreduce 16 MiB of heap buffers, 2 processes,");
+    let busbw = figure(heap, "GB/s busbw");
+    assert!(busbw > 0.0 && busbw.is_finite(), "{heap}");
     for n in [2, 4] {
         let round = line(&format!("post and wait, {n} processes ("));
         let us = figure(round, "us per round");

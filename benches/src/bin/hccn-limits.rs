@@ -9,6 +9,10 @@
 //!   64 MiB with memcpy at the same time. In a 2-rank allreduce of heap buffers each rank must
 //!   bring busbw x time bytes out of its peer's private memory, so this rate bounds the busbw of
 //!   any single-copy path; only buffers the peers can map (`hccn_mem_alloc`) get past it.
+//! - `allreduce of heap buffers`: the same two processes run a 64 MiB fp32 sum allreduce by
+//!   hccn's single-copy scheme, written out here: each reads its half of the peer's input into its
+//!   output in PIECE pieces and adds its own input while the piece is in cache, then reads the
+//!   peer's reduced half. Busbw; what hccn's heap-buffer path can reach on this machine.
 //! - `post and wait`: n processes, each posting a sequence word in shared memory and waiting
 //!   until all n have posted, round after round: a 4-byte allreduce with the data, checks and
 //!   API taken away. Waiters spin when every process has a core, and yield on every look when
@@ -225,6 +229,108 @@ fn cross_process_read(bytes: usize) -> Option<(f64, f64)> {
     ok.then(|| (rate(0), rate(5)))
 }
 
+/// busbw in GB/s (median of 5 rounds) of a 2-process fp32 sum allreduce of two private
+/// `bytes` heap buffers by hccn's single-copy scheme, written out without any library: each
+/// process reads its half of the peer's input with process_vm_readv, in PIECE pieces, into its
+/// output and adds its own input there while the piece is in cache; then, after a barrier, it
+/// reads the peer's reduced half into its output. None when a read failed or a sum was wrong.
+fn heap_allreduce(bytes: usize) -> Option<f64> {
+    // Words: 0..2 the pids, 2..4 barrier counters, 4..9 process 0's per-round seconds.
+    let shared = Shared::new(9);
+    let floats = bytes / 4;
+    // Allocated before the fork, so both processes have their own copies at the same addresses.
+    let mut input = vec![0f32; floats];
+    let mut output = vec![0f32; floats];
+    let (in_addr, out_addr) = (input.as_mut_ptr() as usize, output.as_mut_ptr() as usize);
+    let barrier = |me: usize, phase: u64| {
+        shared.word(2 + me).store(phase, Ordering::Release);
+        wait_for(|| shared.word(3 - me).load(Ordering::Acquire) >= phase, false)
+    };
+    let ok = in_processes(2, |me| {
+        // SAFETY: getpid has no preconditions.
+        shared.word(me).store(unsafe { libc::getpid() } as u64, Ordering::Release);
+        // SAFETY: this process's own copies of the two buffers, written whole to make their
+        // pages private.
+        let (own_in, out) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(in_addr as *mut f32, floats),
+                std::slice::from_raw_parts_mut(out_addr as *mut f32, floats),
+            )
+        };
+        own_in.fill(me as f32 + 1.0);
+        out.fill(0.0);
+        if !barrier(me, 1) {
+            return false;
+        }
+        if me == 0 {
+            // SAFETY: prctl with integer arguments (see cross_process_read).
+            unsafe { libc::prctl(libc::PR_SET_PTRACER, shared.word(1).load(Ordering::Acquire) as libc::c_ulong) };
+        }
+        if !barrier(me, 2) {
+            return false;
+        }
+        let peer = shared.word(1 - me).load(Ordering::Acquire) as libc::pid_t;
+        // Reads floats `range` of the peer's buffer at `from` into ours at `to`, piece by piece,
+        // calling `then` on each piece as it lands.
+        let read = |from: usize, to: usize, range: std::ops::Range<usize>, then: &mut dyn FnMut(usize, usize)| {
+            for off in (range.start * 4..range.end * 4).step_by(PIECE) {
+                let len = PIECE.min(range.end * 4 - off);
+                let local = libc::iovec { iov_base: (to + off) as *mut libc::c_void, iov_len: len };
+                let remote = libc::iovec { iov_base: (from + off) as *mut libc::c_void, iov_len: len };
+                // SAFETY: `len` bytes inside the peer's buffer (same address, its own copy)
+                // into the same bytes of ours.
+                if unsafe { libc::process_vm_readv(peer, &local, 1, &remote, 1, 0) } != len as isize {
+                    eprintln!("process_vm_readv: {}", std::io::Error::last_os_error());
+                    return false;
+                }
+                then(off / 4, (off + len) / 4);
+            }
+            true
+        };
+        let half = floats / 2;
+        let (mine, theirs) = if me == 0 { (0..half, half..floats) } else { (half..floats, 0..half) };
+        let mut phase = 2;
+        for round in 0..5 {
+            phase += 1;
+            if !barrier(me, phase) {
+                return false;
+            }
+            let start = Instant::now();
+            let reduced = read(in_addr, out_addr, mine.clone(), &mut |a, b| {
+                // SAFETY: floats a..b of our output, just written by the read, and of our input.
+                let (dst, src) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut((out_addr as *mut f32).add(a), b - a),
+                        std::slice::from_raw_parts((in_addr as *const f32).add(a), b - a),
+                    )
+                };
+                dst.iter_mut().zip(src).for_each(|(d, s)| *d += *s);
+            });
+            phase += 1;
+            if !reduced || !barrier(me, phase) {
+                return false;
+            }
+            if !read(out_addr, out_addr, theirs.clone(), &mut |_, _| {}) {
+                return false;
+            }
+            phase += 1;
+            if !barrier(me, phase) {
+                return false;
+            }
+            if me == 0 {
+                shared.word(4 + round).store(start.elapsed().as_secs_f64().to_bits(), Ordering::Relaxed);
+            }
+        }
+        // SAFETY: as above.
+        let out = unsafe { std::slice::from_raw_parts(out_addr as *const f32, floats) };
+        out.iter().all(|&v| v == 3.0)
+    });
+    drop((input, output));
+    let mut busbw: Vec<f64> =
+        (0..5).map(|r| bytes as f64 / f64::from_bits(shared.word(4 + r).load(Ordering::Relaxed)) / 1e9).collect();
+    ok.then(|| percentile(&mut busbw, 50.0))
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let bytes = if quick { 16 << 20 } else { 64 << 20 };
@@ -236,6 +342,13 @@ fn main() {
             bytes >> 20
         ),
         None => println!("cross-process read {} MiB: failed (process_vm_readv not permitted?)", bytes >> 20),
+    }
+    match heap_allreduce(bytes) {
+        Some(busbw) => println!(
+            "allreduce {} MiB of heap buffers, 2 processes, single-copy scheme without a library: {busbw:.2} GB/s busbw",
+            bytes >> 20
+        ),
+        None => println!("allreduce {} MiB of heap buffers: failed", bytes >> 20),
     }
     let scale = if quick { 10 } else { 1 };
     for (n, rounds) in [(2usize, 200_000u64), (4, 50_000)] {
