@@ -88,6 +88,29 @@ fn wait_for(ready: impl Fn() -> bool, yield_each_look: bool) -> bool {
     true
 }
 
+/// Waits, in a pair of processes whose barrier counters are words 2 and 3 of `shared`, until
+/// the other process has reached `phase` too; false after GIVE_UP.
+fn barrier(shared: &Shared, me: usize, phase: u64) -> bool {
+    shared.word(2 + me).store(phase, Ordering::Release);
+    wait_for(|| shared.word(3 - me).load(Ordering::Acquire) >= phase, false)
+}
+
+/// Meets the other process of a pair (words 0..4 of `shared`: the pids, then the barrier
+/// counters, which end at phase 2) and lets it read this process's memory; the other's pid.
+fn meet(shared: &Shared, me: usize) -> Option<libc::pid_t> {
+    // SAFETY: getpid has no preconditions.
+    shared.word(me).store(unsafe { libc::getpid() } as u64, Ordering::Release);
+    if !barrier(shared, me, 1) {
+        return None;
+    }
+    if me == 0 {
+        // The child reads the parent: allow it where Yama restricts ptrace to ancestors.
+        // SAFETY: prctl with integer arguments.
+        unsafe { libc::prctl(libc::PR_SET_PTRACER, shared.word(1).load(Ordering::Acquire) as libc::c_ulong) };
+    }
+    barrier(shared, me, 2).then(|| shared.word(1 - me).load(Ordering::Acquire) as libc::pid_t)
+}
+
 /// Runs `body(index)` in `n` processes (this one is index 0, the others forked children) and
 /// returns whether every child exited with status 0.
 fn in_processes(n: usize, body: impl Fn(usize) -> bool) -> bool {
@@ -159,31 +182,15 @@ fn cross_process_read(bytes: usize) -> Option<(f64, f64)> {
     // (written below, which makes the pages private to each).
     let mut buf = vec![0u8; bytes];
     let buf_addr = buf.as_mut_ptr() as usize;
-    let barrier = |me: usize, phase: u64| {
-        shared.word(2 + me).store(phase, Ordering::Release);
-        wait_for(|| shared.word(3 - me).load(Ordering::Acquire) >= phase, false)
-    };
+    let barrier = |me: usize, phase: u64| barrier(&shared, me, phase);
     let ok = in_processes(2, |me| {
-        // SAFETY: getpid has no preconditions.
-        shared.word(me).store(unsafe { libc::getpid() } as u64, Ordering::Release);
         // SAFETY: `buf` is this process's own copy; written whole to make its pages private.
         let own = unsafe { std::slice::from_raw_parts_mut(buf_addr as *mut u8, bytes) };
         own.fill(me as u8 + 1);
         let mut copy = vec![0u8; bytes];
         copy.fill(1);
         let mut scratch = vec![0u8; PIECE];
-        if !barrier(me, 1) {
-            return false;
-        }
-        if me == 0 {
-            // The child reads the parent: allow it where Yama restricts ptrace to ancestors.
-            // SAFETY: prctl with integer arguments.
-            unsafe { libc::prctl(libc::PR_SET_PTRACER, shared.word(1).load(Ordering::Acquire) as libc::c_ulong) };
-        }
-        if !barrier(me, 2) {
-            return false;
-        }
-        let peer = shared.word(1 - me).load(Ordering::Acquire) as libc::pid_t;
+        let Some(peer) = meet(&shared, me) else { return false };
         let mut phase = 2;
         for round in 0..5 {
             phase += 1;
@@ -242,13 +249,8 @@ fn heap_allreduce(bytes: usize) -> Option<f64> {
     let mut input = vec![0f32; floats];
     let mut output = vec![0f32; floats];
     let (in_addr, out_addr) = (input.as_mut_ptr() as usize, output.as_mut_ptr() as usize);
-    let barrier = |me: usize, phase: u64| {
-        shared.word(2 + me).store(phase, Ordering::Release);
-        wait_for(|| shared.word(3 - me).load(Ordering::Acquire) >= phase, false)
-    };
+    let barrier = |me: usize, phase: u64| barrier(&shared, me, phase);
     let ok = in_processes(2, |me| {
-        // SAFETY: getpid has no preconditions.
-        shared.word(me).store(unsafe { libc::getpid() } as u64, Ordering::Release);
         // SAFETY: this process's own copies of the two buffers, written whole to make their
         // pages private.
         let (own_in, out) = unsafe {
@@ -259,17 +261,7 @@ fn heap_allreduce(bytes: usize) -> Option<f64> {
         };
         own_in.fill(me as f32 + 1.0);
         out.fill(0.0);
-        if !barrier(me, 1) {
-            return false;
-        }
-        if me == 0 {
-            // SAFETY: prctl with integer arguments (see cross_process_read).
-            unsafe { libc::prctl(libc::PR_SET_PTRACER, shared.word(1).load(Ordering::Acquire) as libc::c_ulong) };
-        }
-        if !barrier(me, 2) {
-            return false;
-        }
-        let peer = shared.word(1 - me).load(Ordering::Acquire) as libc::pid_t;
+        let Some(peer) = meet(&shared, me) else { return false };
         // Reads floats `range` of the peer's buffer at `from` into ours at `to`, piece by piece,
         // calling `then` on each piece as it lands.
         let read = |from: usize, to: usize, range: std::ops::Range<usize>, then: &mut dyn FnMut(usize, usize)| {
