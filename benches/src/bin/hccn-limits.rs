@@ -111,6 +111,22 @@ fn meet(shared: &Shared, me: usize) -> Option<libc::pid_t> {
     barrier(shared, me, 2).then(|| shared.word(1 - me).load(Ordering::Acquire) as libc::pid_t)
 }
 
+/// Reads `len` bytes at `remote` in process `peer` into `local` with process_vm_readv; false
+/// (reported) when it did not read them all.
+///
+/// # Safety
+/// `local` must be writable for `len` bytes.
+unsafe fn read_peer(peer: libc::pid_t, remote: usize, local: *mut u8, len: usize) -> bool {
+    let local = libc::iovec { iov_base: local.cast(), iov_len: len };
+    let remote = libc::iovec { iov_base: remote as *mut libc::c_void, iov_len: len };
+    // SAFETY: `local` per the caller; the kernel checks `remote` in the peer.
+    if unsafe { libc::process_vm_readv(peer, &local, 1, &remote, 1, 0) } != len as isize {
+        eprintln!("process_vm_readv: {}", std::io::Error::last_os_error());
+        return false;
+    }
+    true
+}
+
 /// Runs `body(index)` in `n` processes (this one is index 0, the others forked children) and
 /// returns whether every child exited with status 0.
 fn in_processes(n: usize, body: impl Fn(usize) -> bool) -> bool {
@@ -200,13 +216,9 @@ fn cross_process_read(bytes: usize) -> Option<(f64, f64)> {
             let start = Instant::now();
             for off in (0..bytes).step_by(PIECE) {
                 let len = PIECE.min(bytes - off);
-                let local = libc::iovec { iov_base: scratch.as_mut_ptr().cast(), iov_len: len };
-                let remote = libc::iovec { iov_base: (buf_addr + off) as *mut libc::c_void, iov_len: len };
-                // SAFETY: reads `len` bytes of the peer's buffer (same address, its own copy)
-                // into our scratch buffer of at least `len` bytes.
-                let got = unsafe { libc::process_vm_readv(peer, &local, 1, &remote, 1, 0) };
-                if got != len as isize {
-                    eprintln!("process_vm_readv: {}", std::io::Error::last_os_error());
+                // SAFETY: the peer's buffer (same address, its own copy) into our scratch
+                // buffer of at least `len` bytes.
+                if !unsafe { read_peer(peer, buf_addr + off, scratch.as_mut_ptr(), len) } {
                     return false;
                 }
             }
@@ -267,12 +279,9 @@ fn heap_allreduce(bytes: usize) -> Option<f64> {
         let read = |from: usize, to: usize, range: std::ops::Range<usize>, then: &mut dyn FnMut(usize, usize)| {
             for off in (range.start * 4..range.end * 4).step_by(PIECE) {
                 let len = PIECE.min(range.end * 4 - off);
-                let local = libc::iovec { iov_base: (to + off) as *mut libc::c_void, iov_len: len };
-                let remote = libc::iovec { iov_base: (from + off) as *mut libc::c_void, iov_len: len };
                 // SAFETY: `len` bytes inside the peer's buffer (same address, its own copy)
                 // into the same bytes of ours.
-                if unsafe { libc::process_vm_readv(peer, &local, 1, &remote, 1, 0) } != len as isize {
-                    eprintln!("process_vm_readv: {}", std::io::Error::last_os_error());
+                if !unsafe { read_peer(peer, from + off, (to + off) as *mut u8, len) } {
                     return false;
                 }
                 then(off / 4, (off + len) / 4);
