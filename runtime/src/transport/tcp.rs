@@ -857,11 +857,16 @@ mod tests {
                 let landing = (seq % 2 == 0).then(|| Landing { key: key(seq), dst: &cell, give_up: &give_up });
                 let asked = std::cell::Cell::new(false);
                 let poll = |_, ready: &dyn Fn() -> bool| {
-                    if !asked.replace(true) {
-                        go.send(seq).expect("writer");
-                    }
-                    // Longer than TCP_POLL: the frame must arrive while this receive polls.
-                    link.poll(Duration::from_secs(10), &|| ready(), seq % 2 == 1, landing.as_ref())
+                    // Longer than TCP_POLL: the frame must arrive while this receive polls. It
+                    // is written from the first look, once the reader stands aside: asked for
+                    // before, it could reach the reader first.
+                    let look = || {
+                        if !asked.replace(true) {
+                            go.send(seq).expect("writer");
+                        }
+                        ready()
+                    };
+                    link.poll(Duration::from_secs(10), &look, seq % 2 == 1, landing.as_ref())
                 };
                 inbox.take(key(seq), cfg.timeout, &|_| None, &poll).expect("frame")
             };
