@@ -613,7 +613,9 @@ impl Net {
     /// Sends one frame to world rank `dst` (to itself through the inbox).
     pub fn send(&self, dst: u32, hdr: &FrameHeader, payload: &[u8]) -> Result<()> {
         if dst == self.rank {
-            self.inbox.push(dst, Frame { hdr: *hdr, payload: payload.to_vec(), landed: false });
+            let mut copy = pool::take(payload.len());
+            copy.extend_from_slice(payload);
+            self.inbox.push(dst, Frame { hdr: *hdr, payload: copy, landed: false });
             return Ok(());
         }
         let failed =

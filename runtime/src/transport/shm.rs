@@ -859,6 +859,7 @@ impl Shm {
                     if let Some(f) = inbox.try_take(key) {
                         (sink.check)(&f.hdr)?;
                         sink.piece(0, &f.payload);
+                        super::pool::give(f.payload);
                         return Ok(());
                     }
                 }
@@ -1062,7 +1063,7 @@ fn fill(p: &ShmPeer, st: &mut RxState, src: u32, inbox: &Inbox) -> Result<bool> 
             }
             (None, Some(raw)) => {
                 let hdr = header(&raw, src)?;
-                let mut buf = Vec::with_capacity(hdr.len as usize);
+                let mut buf = super::pool::take(hdr.len as usize);
                 buf.extend_from_slice(ring.data(t, len));
                 st.partial = Some(Partial { hdr, buf });
                 ring.release(t);
