@@ -2,7 +2,7 @@
 //! against the communicator's state and its own rules before anything is enqueued, and leaves
 //! as a [`Work`] in bytes. Nothing is touched when a check fails.
 
-use super::{Block, Op, Ptr, Work};
+use super::{Block, Blocks, Op, Ptr, Work};
 use crate::error::{Error, ErrorKind, Result};
 use crate::reduce::narrow;
 use crate::types::DataType;
@@ -59,12 +59,12 @@ fn disjoint_or_in_place(a: &Block, b: &Block, allowed: Option<usize>, what: &str
 }
 
 /// Byte blocks for per-rank `counts` at element `displs`, checked for overflow and mutual overlap.
-fn blocks(counts: &[u64], displs: &[u64], dt: DataType, size: u32, name: &str, op: &str) -> Result<Vec<Block>> {
+fn blocks(counts: &[u64], displs: &[u64], dt: DataType, size: u32, name: &str, op: &str) -> Result<Blocks> {
     if counts.len() != size as usize || displs.len() != size as usize {
         return Err(Error::invalid(format!("{op}: {name} counts/displacements must have {size} entries")));
     }
     let es = dt.size() as u64;
-    let mut out = Vec::with_capacity(size as usize);
+    let mut out = Blocks::with_capacity(size as usize);
     for (i, (&c, &d)) in counts.iter().zip(displs).enumerate() {
         let start = d.checked_mul(es);
         let end = d.checked_add(c).and_then(|e| e.checked_mul(es));
@@ -77,15 +77,15 @@ fn blocks(counts: &[u64], displs: &[u64], dt: DataType, size: u32, name: &str, o
             }
         }
     }
-    let mut sorted: Vec<&Block> = out.iter().filter(|b| !b.is_empty()).collect();
-    sorted.sort_by_key(|b| b.start);
+    let mut sorted: Blocks = out.iter().filter(|b| !b.is_empty()).cloned().collect();
+    sorted.sort_unstable_by_key(|b| b.start);
     if sorted.windows(2).any(|w| w[0].end > w[1].start) {
         return Err(Error::invalid(format!("{op}: {name} blocks overlap each other")));
     }
     Ok(out)
 }
 
-fn uniform(bytes: usize, size: u32) -> Vec<Block> {
+fn uniform(bytes: usize, size: u32) -> Blocks {
     (0..size as usize).map(|i| i * bytes..(i + 1) * bytes).collect()
 }
 

@@ -16,7 +16,9 @@
 
 use std::ops::Range;
 
-use super::ring::{split, Ring};
+use smallvec::SmallVec;
+
+use super::ring::{segment, split, Ring};
 use super::{Algorithm, Ctx, ReduceArgs};
 use crate::error::{Error, Result};
 use crate::types::{DataType, ReduceOp};
@@ -34,12 +36,6 @@ pub(crate) fn applies(hosts: Option<&[u32]>) -> bool {
         let count = h.iter().max().map_or(1, |m| *m as usize + 1);
         count > 1 && count < h.len()
     })
-}
-
-/// Splits `bytes` into `n` element-aligned segments, differing by at most one element.
-fn segments(bytes: usize, esize: usize, n: usize) -> Vec<Range<usize>> {
-    let count = bytes / esize;
-    (0..n).map(|i| (i * count / n) * esize..((i + 1) * count / n) * esize).collect()
 }
 
 /// What an exchange does with the chunks it receives.
@@ -108,15 +104,16 @@ fn ring_among(ctx: &Ctx<'_>, peers: &[u32], pos: usize, buf: &mut [u8], dt: Data
         return Ok(());
     }
     let (next, prev) = (peers[(pos + 1) % n], peers[(pos + n - 1) % n]);
-    let segs = segments(buf.len(), dt.size(), n);
+    let (len, esize) = (buf.len(), dt.size());
+    let seg = |j: usize| segment(len, esize, n as u32, j as u32);
     for s in 0..n - 1 {
-        let out = segs[(pos + n - s) % n].clone();
-        let in_ = segs[(pos + 2 * n - s - 1) % n].clone();
+        let out = seg((pos + n - s) % n);
+        let in_ = seg((pos + 2 * n - s - 1) % n);
         exchange_within(ctx, TAG_ACROSS + s as u32, buf, Some((next, out)), Some((prev, in_)), Land::Reduce(dt, op))?;
     }
     for s in 0..n - 1 {
-        let out = segs[(pos + 1 + n - s) % n].clone();
-        let in_ = segs[(pos + n - s) % n].clone();
+        let out = seg((pos + 1 + n - s) % n);
+        let in_ = seg((pos + n - s) % n);
         exchange_within(ctx, TAG_ACROSS + (n + s) as u32, buf, Some((next, out)), Some((prev, in_)), Land::Store)?;
     }
     Ok(())
@@ -135,12 +132,14 @@ fn allreduce(
 ) -> Result<()> {
     let me = ctx.rank();
     let nhosts = hosts.iter().max().map_or(1, |m| *m as usize + 1);
-    let on = |h: u32| -> Vec<u32> { (0..hosts.len() as u32).filter(|r| hosts[*r as usize] == h).collect() };
+    // Ranks in order, inline up to 16 per host and 16 hosts: nothing allocated per operation.
+    let on = |h: u32| -> SmallVec<[u32; 16]> { (0..hosts.len() as u32).filter(|r| hosts[*r as usize] == h).collect() };
     let local = on(hosts[me as usize]);
     let m = local.len();
     let i = local.iter().position(|r| *r == me).unwrap_or(0);
-    let owners = (0..nhosts as u32).map(|h| on(h).len()).min().unwrap_or(1).max(1);
-    let segs = segments(buf.len(), dt.size(), owners);
+    let owners = (0..nhosts as u32).map(|h| hosts.iter().filter(|x| **x == h).count()).min().unwrap_or(1).max(1);
+    let segs: SmallVec<[Range<usize>; 16]> =
+        (0..owners as u32).map(|j| segment(buf.len(), dt.size(), owners as u32, j)).collect();
     // 1. Intra-host reduce-scatter: every local rank sends segment j to local owner j.
     for k in 1..m {
         let (to, from) = ((i + k) % m, (i + m - k) % m);
@@ -167,7 +166,9 @@ fn allreduce(
     }
     // 2. Inter-host allreduce of segment i among its owners, one per host.
     if i < owners {
-        let peers: Vec<u32> = (0..nhosts as u32).map(|h| on(h)[i]).collect();
+        let peers: SmallVec<[u32; 16]> = (0..nhosts as u32)
+            .map(|h| hosts.iter().enumerate().filter(|(_, x)| **x == h).nth(i).map_or(0, |(r, _)| r as u32))
+            .collect();
         let pos = hosts[me as usize] as usize;
         ring_among(ctx, &peers, pos, &mut buf[segs[i].clone()], dt, op)?;
     }
@@ -218,13 +219,5 @@ mod tests {
         assert!(!applies(Some(&[0, 1, 2])), "one rank per host");
         assert!(applies(Some(&[0, 0, 1, 1])));
         assert!(applies(Some(&[0, 1, 0])), "uneven hosts");
-    }
-
-    #[test]
-    fn segments_cover() {
-        let s = segments(4 * 10, 4, 3);
-        assert_eq!(s.first().map(|r| r.start), Some(0));
-        assert_eq!(s.last().map(|r| r.end), Some(40));
-        assert!(s.iter().all(|r| r.start % 4 == 0 && r.end % 4 == 0));
     }
 }

@@ -176,6 +176,9 @@ impl Op {
 
 /// A byte range of a caller's buffer.
 pub(crate) type Block = Range<usize>;
+/// One block per rank; inline up to 8 ranks, so that validating a collective allocates nothing
+/// there.
+pub(crate) type Blocks = smallvec::SmallVec<[Block; 8]>;
 
 /// A checked operation in bytes, ready to run.
 #[derive(Debug, Clone)]
@@ -207,7 +210,7 @@ pub(crate) enum Work {
         send: Ptr,
         send_bytes: usize,
         recv: Ptr,
-        blocks: Vec<Block>,
+        blocks: Blocks,
         root: Option<u32>,
     },
     ReduceScatter {
@@ -219,16 +222,16 @@ pub(crate) enum Work {
     },
     Scatter {
         send: Ptr,
-        blocks: Vec<Block>,
+        blocks: Blocks,
         recv: Ptr,
         recv_bytes: usize,
         root: u32,
     },
     AllToAll {
         send: Ptr,
-        send_blocks: Vec<Block>,
+        send_blocks: Blocks,
         recv: Ptr,
-        recv_blocks: Vec<Block>,
+        recv_blocks: Blocks,
     },
     Send {
         buf: Ptr,
@@ -261,8 +264,8 @@ pub(crate) trait Algorithm: Sync {
         w.acc.copy_from_slice(input);
         self.reduce(ctx, w)
     }
-    /// Reduce of `input` to `root`, whose result lands in `out` (given on the root only, and
-    /// disjoint from `input`). By default through a working copy of the input, which `reduce`
+    /// Reduce of `input` to `root`, whose result lands in `out` (given on the root, disjoint
+    /// from `input`; elsewhere, given, it is working space whose content ends undefined). By default through a working copy of the input, which `reduce`
     /// combines in place; algorithms that can combine the input as it goes skip the copy (and,
     /// on the other ranks, a buffer of the input's size).
     fn reduce_from(

@@ -19,6 +19,7 @@
 
 use std::ops::Range;
 
+use super::ring::segment;
 use super::{Algorithm, Ctx, ReduceArgs};
 use crate::error::{Error, Result};
 use crate::reduce;
@@ -38,12 +39,6 @@ const TAG_PRE: u32 = 0;
 const TAG_POST: u32 = 1;
 const TAG_STEPS: u32 = 2;
 
-/// Splits `bytes` into `n` element-aligned segments, differing by at most one element.
-fn segments(bytes: usize, esize: usize, n: usize) -> Vec<Range<usize>> {
-    let count = bytes / esize;
-    (0..n).map(|i| (i * count / n) * esize..((i + 1) * count / n) * esize).collect()
-}
-
 /// How received data lands in the buffer.
 #[derive(Clone, Copy)]
 enum Land {
@@ -56,12 +51,16 @@ enum Land {
 }
 
 /// Sends `buf[out]` to `peer` and receives its data for `in_`, chunk by chunk so that both
-/// directions flow at once.
+/// directions flow at once. Given `input` (the first step of an out-of-place allreduce, where
+/// `buf` holds nothing yet), the data sent and the operand combined with what arrives come from
+/// `input` instead of `buf`: no copy of the input into the output first.
+#[allow(clippy::too_many_arguments)]
 fn exchange(
     ctx: &Ctx<'_>,
     peer: u32,
     tag: u32,
     buf: &mut [u8],
+    input: Option<&[u8]>,
     out: Range<usize>,
     in_: Range<usize>,
     into: Land,
@@ -70,19 +69,27 @@ fn exchange(
     for c in 0..k_out.max(k_in) {
         if c < k_out {
             let r = ctx.chunk_range(out.len(), c);
-            ctx.send(peer, tag, &buf[out.start + r.start..out.start + r.end])?;
+            let piece = out.start + r.start..out.start + r.end;
+            ctx.send(peer, tag, input.map_or(&buf[piece.clone()], |i| &i[piece]))?;
         }
         if c < k_in {
             let r = ctx.chunk_range(in_.len(), c);
-            let dst = &mut buf[in_.start + r.start..in_.start + r.end];
+            let at = in_.start + r.start..in_.start + r.end;
+            let base = input.map(|i| &i[at.clone()]);
+            let dst = &mut buf[at];
             // Each piece is combined where it lies (a ring slot, the pooled frame): no copy of
             // the chunk, no allocation.
-            match into {
-                Land::Reduce(dt, op) => ctx.recv_reduce(peer, tag, dst, dt, op)?,
-                Land::ReduceTheirsFirst(dt, op) => ctx.recv_with(peer, tag, dst.len(), &mut |off, piece| {
-                    reduce::reduce_onto(&mut dst[off..off + piece.len()], piece, dt, op)
+            match (into, base) {
+                (Land::Reduce(dt, op), None) => ctx.recv_reduce(peer, tag, dst, dt, op)?,
+                (Land::Reduce(dt, op), Some(base)) => ctx.recv_reduce_onto(peer, tag, dst, base, dt, op)?,
+                (Land::ReduceTheirsFirst(dt, op), base) => ctx.recv_with(peer, tag, dst.len(), &mut |off, piece| {
+                    let d = &mut dst[off..off + piece.len()];
+                    match base {
+                        None => reduce::reduce_onto(d, piece, dt, op),
+                        Some(b) => reduce::reduce_from(d, piece, &b[off..off + piece.len()], dt, op),
+                    }
                 })?,
-                Land::Store => ctx.recv_into(peer, tag, dst)?,
+                (Land::Store, _) => ctx.recv_into(peer, tag, dst)?,
             }
         }
     }
@@ -102,36 +109,52 @@ impl Algorithm for Rhd {
         if w.root.is_some() {
             return Err(Error::internal("recursive halving-doubling runs allreduce only"));
         }
+        self.allreduce(ctx, w, None)
+    }
+
+    fn allreduce_from(&self, ctx: &Ctx<'_>, input: &[u8], w: &mut ReduceArgs<'_>) -> Result<()> {
+        self.allreduce(ctx, w, Some(input))
+    }
+}
+
+impl Rhd {
+    /// Allreduce into `w.acc`, which holds this rank's contribution, or, given `input`, holds
+    /// nothing yet: the first message this rank sends and the first it combines then read the
+    /// input, and every byte of `acc` is written by a later step.
+    fn allreduce(&self, ctx: &Ctx<'_>, w: &mut ReduceArgs<'_>, input: Option<&[u8]>) -> Result<()> {
         let (n, me) = (ctx.size(), ctx.rank());
         if n == 1 {
+            if let Some(input) = input {
+                w.acc.copy_from_slice(input);
+            }
             return Ok(());
         }
         let p2 = 1u32 << (31 - n.leading_zeros());
         let r = n - p2;
         let all = 0..w.acc.len();
         let red = Land::Reduce(w.dt, w.op);
-        // Pre-step: fold the first 2r ranks pairwise.
-        let vrank = if me < 2 * r {
+        // Pre-step: fold the first 2r ranks pairwise. After it the input has been read.
+        let (vrank, mut input) = if me < 2 * r {
             if me % 2 == 0 {
-                ctx.send_chunked(me + 1, TAG_PRE, w.acc)?;
-                None
+                ctx.send_chunked(me + 1, TAG_PRE, input.unwrap_or(w.acc))?;
+                (None, None)
             } else {
-                exchange(ctx, me - 1, TAG_PRE, w.acc, 0..0, all.clone(), red)?;
-                Some(me / 2)
+                exchange(ctx, me - 1, TAG_PRE, w.acc, input, 0..0, all.clone(), red)?;
+                (Some(me / 2), None)
             }
         } else {
-            Some(me - r)
+            (Some(me - r), input)
         };
         if let Some(v) = vrank {
             let real = |v: u32| if v < r { 2 * v + 1 } else { v + r };
             if self.halving {
-                halving_doubling(ctx, w, v, p2, &real)?;
+                halving_doubling(ctx, w, input, v, p2, &real)?;
             } else {
                 let mut tag = TAG_STEPS;
                 let mut mask = 1;
                 while mask < p2 {
                     let into = if v & mask == 0 { red } else { Land::ReduceTheirsFirst(w.dt, w.op) };
-                    exchange(ctx, real(v ^ mask), tag, w.acc, all.clone(), all.clone(), into)?;
+                    exchange(ctx, real(v ^ mask), tag, w.acc, input.take(), all.clone(), all.clone(), into)?;
                     mask <<= 1;
                     tag += 1;
                 }
@@ -150,19 +173,30 @@ impl Algorithm for Rhd {
 }
 
 /// The halving and doubling phases among the `p2` virtual ranks; `v` is this rank's.
-fn halving_doubling(ctx: &Ctx<'_>, w: &mut ReduceArgs<'_>, v: u32, p2: u32, real: &dyn Fn(u32) -> u32) -> Result<()> {
-    let segs = segments(w.acc.len(), w.dt.size(), p2 as usize);
-    let bytes = |lo: usize, hi: usize| segs[lo].start..segs[hi - 1].end;
+/// Given `input` (out of place), the first halving step reads it; the doubling steps write
+/// every window that step gave away.
+fn halving_doubling(
+    ctx: &Ctx<'_>,
+    w: &mut ReduceArgs<'_>,
+    mut input: Option<&[u8]>,
+    v: u32,
+    p2: u32,
+    real: &dyn Fn(u32) -> u32,
+) -> Result<()> {
+    let (len, esize) = (w.acc.len(), w.dt.size());
+    let bytes =
+        |lo: usize, hi: usize| segment(len, esize, p2, lo as u32).start..segment(len, esize, p2, hi as u32 - 1).end;
     let red = Land::Reduce(w.dt, w.op);
     // Windows of segment indices, [lo, hi), halved from the top bit down.
     let (mut lo, mut hi) = (0usize, p2 as usize);
     let mut tag = TAG_STEPS;
-    let mut steps = Vec::new();
+    // One entry per bit of p2: never more than 32, kept inline.
+    let mut steps = smallvec::SmallVec::<[_; 32]>::new();
     let mut mask = p2 >> 1;
     while mask > 0 {
         let mid = (lo + hi) / 2;
         let (keep, give) = if v & mask == 0 { ((lo, mid), (mid, hi)) } else { ((mid, hi), (lo, mid)) };
-        exchange(ctx, real(v ^ mask), tag, w.acc, bytes(give.0, give.1), bytes(keep.0, keep.1), red)?;
+        exchange(ctx, real(v ^ mask), tag, w.acc, input.take(), bytes(give.0, give.1), bytes(keep.0, keep.1), red)?;
         steps.push((mask, keep, give));
         (lo, hi) = keep;
         mask >>= 1;
@@ -170,24 +204,8 @@ fn halving_doubling(ctx: &Ctx<'_>, w: &mut ReduceArgs<'_>, v: u32, p2: u32, real
     }
     // Doubling: retrace the steps, sending the window held and receiving the partner's.
     for (mask, keep, give) in steps.into_iter().rev() {
-        exchange(ctx, real(v ^ mask), tag, w.acc, bytes(keep.0, keep.1), bytes(give.0, give.1), Land::Store)?;
+        exchange(ctx, real(v ^ mask), tag, w.acc, None, bytes(keep.0, keep.1), bytes(give.0, give.1), Land::Store)?;
         tag += 1;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn segments_cover_and_align() {
-        for (bytes, esize, n) in [(0usize, 4usize, 4usize), (4 * 3, 4, 8), (2 * 1023, 2, 4), (8 * 4099, 8, 2)] {
-            let segs = segments(bytes, esize, n);
-            assert_eq!(segs.len(), n);
-            assert_eq!((segs[0].start, segs[n - 1].end), (0, bytes));
-            assert!(segs.windows(2).all(|w| w[0].end == w[1].start));
-            assert!(segs.iter().all(|s| s.start % esize == 0));
-        }
-    }
 }

@@ -78,7 +78,7 @@ impl Codec for Plain {
 
 /// Segment `i` of `bytes` split into `n` element-aligned segments, differing by at most one
 /// element (computed, not collected: this runs for every operation).
-fn segment(bytes: usize, esize: usize, n: u32, i: u32) -> Range<usize> {
+pub(super) fn segment(bytes: usize, esize: usize, n: u32, i: u32) -> Range<usize> {
     let (count, n, i) = (bytes / esize, n as usize, i as usize);
     (i * count / n) * esize..((i + 1) * count / n) * esize
 }

@@ -464,7 +464,7 @@ pub(crate) fn plan_for(ctx: &Ctx<'_>, op: &str, bytes: usize) -> Result<Option<(
 pub fn plan_name(op: &str, bytes: usize, m: &Model, forced: AlgoChoice) -> Result<Option<(&'static str, usize)>> {
     let n = m.n.max(1) as usize;
     let block = bytes / n;
-    let blocks: Vec<_> = (0..n).map(|i| i * block..(i + 1) * block).collect();
+    let blocks: super::Blocks = (0..n).map(|i| i * block..(i + 1) * block).collect();
     let p = Ptr::null();
     let (dt, rop) = (DataType::Fp32, ReduceOp::Sum);
     let work = match op {
@@ -580,7 +580,8 @@ mod tests {
     #[test]
     fn every_rank_of_an_allgatherv_cuts_the_same_chunks() {
         let m = tcp(3);
-        let blocks = vec![0..(40 << 20), (40 << 20)..(41 << 20), (41 << 20)..(41 << 20) + 8];
+        let blocks: super::super::Blocks =
+            smallvec::smallvec![0..(40 << 20), (40 << 20)..(41 << 20), (41 << 20)..(41 << 20) + 8];
         let chunk = |own: usize| {
             let w = Work::Gather {
                 send: Ptr::null(),

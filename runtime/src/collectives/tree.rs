@@ -5,19 +5,25 @@
 //! Bytes on the wire: each non-root receives (broadcast) or sends (reduce) the buffer once;
 //! allreduce does both.
 
+use smallvec::SmallVec;
+
 use super::{Algorithm, Ctx, ReduceArgs};
 use crate::error::Result;
+use crate::transport::pool;
 use crate::types::{DataType, ReduceOp};
 
 pub(crate) struct BinomialTree;
 
+/// Children of one rank: at most one per bit of a rank, kept inline.
+type Children = SmallVec<[u32; 32]>;
+
 /// Parent and children (in communicator ranks) of `rank` in the tree rooted at `root`.
-fn family(rank: u32, root: u32, n: u32) -> (Option<u32>, Vec<u32>) {
+fn family(rank: u32, root: u32, n: u32) -> (Option<u32>, Children) {
     let vr = (rank + n - root) % n;
     let real = |v: u32| (v + root) % n;
     let parent = (vr != 0).then(|| real(vr & (vr - 1)));
     let low = if vr == 0 { n.next_power_of_two() } else { vr & vr.wrapping_neg() };
-    let mut children = Vec::new();
+    let mut children = Children::new();
     let mut mask = 1;
     while mask < low && vr + mask < n {
         children.push(real(vr + mask));
@@ -53,10 +59,18 @@ impl Algorithm for BinomialTree {
         Ok(())
     }
 
+    /// Out of place: the reduce combines the input into the output as it goes (see
+    /// `reduce_from`) and the broadcast writes every byte of it, so the input is never copied.
+    fn allreduce_from(&self, ctx: &Ctx<'_>, input: &[u8], w: &mut ReduceArgs<'_>) -> Result<()> {
+        self.reduce_from(ctx, input, Some(&mut *w.acc), w.dt, w.op, 0)?;
+        broadcast(ctx, w.acc, 0, 1)
+    }
+
     /// Reduce straight from the input, chunk by chunk: a leaf sends its input as it is; a rank
     /// with children combines the first child's chunk with its input's (`dst = input op
-    /// child`, the operand order of `reduce`) into its output on the root, or into one
-    /// chunk-sized buffer elsewhere, then the other children's, and sends it on.
+    /// child`, the operand order of `reduce`) into its output when it has one (the root's, or
+    /// any rank's in an allreduce), or into one chunk-sized buffer, then the other children's,
+    /// and sends it on.
     fn reduce_from(
         &self,
         ctx: &Ctx<'_>,
@@ -69,7 +83,9 @@ impl Algorithm for BinomialTree {
         let (parent, children) = family(ctx.rank(), root, ctx.size());
         let mut work = Vec::new();
         if out.is_none() && !children.is_empty() {
-            work.resize(ctx.chunk().min(input.len()), 0);
+            let len = ctx.chunk().min(input.len());
+            work = pool::take(len);
+            work.resize(len, 0);
         }
         for r in ctx.chunks(input.len()) {
             let chunk = &input[r.clone()];
@@ -94,6 +110,7 @@ impl Algorithm for BinomialTree {
                 ctx.send(p, 0, acc)?;
             }
         }
+        pool::give(work);
         Ok(())
     }
 }
