@@ -1052,7 +1052,8 @@ fn fill(p: &ShmPeer, st: &mut RxState, src: u32, inbox: &Inbox) -> Result<bool> 
                 t += 1;
                 moved = true;
                 st.cma_next += 1;
-                let mut buf = vec![0u8; d.len as usize];
+                let mut buf = super::pool::take(d.len as usize);
+                buf.resize(d.len as usize, 0);
                 // A withdrawn descriptor's frame is dropped, and so are the later frames of
                 // its wait (its sender's operation failed), which then fails.
                 if cma_take(p, st, src, d, inbox, &mut Out::Into(&mut buf))? {
