@@ -9,7 +9,8 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use hccn_runtime::config::Transport;
-use hccn_runtime::{new_unique_id, Communicator, Config, DataType, Op, Ptr, ReduceOp};
+use hccn_runtime::{Communicator, Config, DataType, Op, Ptr, ReduceOp};
+use hccn_tests::threads::world;
 
 struct Counting;
 
@@ -117,17 +118,6 @@ impl Buffers {
             }
         }
     }
-}
-
-fn world(n: u32, cfg: &Config) -> Vec<Communicator> {
-    let id = new_unique_id(cfg).expect("unique id");
-    let handles: Vec<_> = (0..n)
-        .map(|r| {
-            let (id, cfg) = (id.clone(), cfg.clone());
-            std::thread::spawn(move || Communicator::init_rank(&id, n, r, &cfg).expect("init_rank"))
-        })
-        .collect();
-    handles.into_iter().map(|h| h.join().expect("join")).collect()
 }
 
 /// Allocations per collective (all ranks together) in the counted rounds.

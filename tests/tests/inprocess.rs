@@ -3,19 +3,9 @@
 
 use std::time::Duration;
 
-use hccn_runtime::{new_unique_id, Communicator, Config, DataType};
+use hccn_runtime::{Config, DataType};
 use hccn_tests::matrix;
-
-fn world(n: u32, cfg: &Config) -> Vec<Communicator> {
-    let id = new_unique_id(cfg).expect("unique id");
-    let handles: Vec<_> = (0..n)
-        .map(|r| {
-            let (id, cfg) = (id.clone(), cfg.clone());
-            std::thread::spawn(move || Communicator::init_rank(&id, n, r, &cfg).expect("init_rank"))
-        })
-        .collect();
-    handles.into_iter().map(|h| h.join().expect("join")).collect()
-}
+use hccn_tests::threads::world;
 
 fn config() -> Config {
     Config { chunk_bytes: 4096, timeout: Duration::from_secs(60), ..Config::default() }
