@@ -137,7 +137,7 @@ fn allreduce(
     let local = on(hosts[me as usize]);
     let m = local.len();
     let i = local.iter().position(|r| *r == me).unwrap_or(0);
-    let owners = (0..nhosts as u32).map(|h| hosts.iter().filter(|x| **x == h).count()).min().unwrap_or(1).max(1);
+    let owners = (0..nhosts as u32).map(|h| on(h).len()).min().unwrap_or(1).max(1);
     let segs: SmallVec<[Range<usize>; 16]> =
         (0..owners as u32).map(|j| segment(buf.len(), dt.size(), owners as u32, j)).collect();
     // 1. Intra-host reduce-scatter: every local rank sends segment j to local owner j.
@@ -166,9 +166,7 @@ fn allreduce(
     }
     // 2. Inter-host allreduce of segment i among its owners, one per host.
     if i < owners {
-        let peers: SmallVec<[u32; 16]> = (0..nhosts as u32)
-            .map(|h| hosts.iter().enumerate().filter(|(_, x)| **x == h).nth(i).map_or(0, |(r, _)| r as u32))
-            .collect();
+        let peers: SmallVec<[u32; 16]> = (0..nhosts as u32).map(|h| on(h)[i]).collect();
         let pos = hosts[me as usize] as usize;
         ring_among(ctx, &peers, pos, &mut buf[segs[i].clone()], dt, op)?;
     }
