@@ -95,9 +95,25 @@ fn barrier(shared: &Shared, me: usize, phase: u64) -> bool {
     wait_for(|| shared.word(3 - me).load(Ordering::Acquire) >= phase, false)
 }
 
+/// The other process of a pair, met (see [`meet`]).
+struct Pair<'a> {
+    shared: &'a Shared,
+    me: usize,
+    peer: libc::pid_t,
+    phase: u64,
+}
+
+impl Pair<'_> {
+    /// Waits for the other process at the next phase; false when it never came.
+    fn sync(&mut self) -> bool {
+        self.phase += 1;
+        barrier(self.shared, self.me, self.phase)
+    }
+}
+
 /// Meets the other process of a pair (words 0..4 of `shared`: the pids, then the barrier
-/// counters, which end at phase 2) and lets it read this process's memory; the other's pid.
-fn meet(shared: &Shared, me: usize) -> Option<libc::pid_t> {
+/// counters) and lets it read this process's memory.
+fn meet(shared: &Shared, me: usize) -> Option<Pair<'_>> {
     // SAFETY: getpid has no preconditions.
     shared.word(me).store(unsafe { libc::getpid() } as u64, Ordering::Release);
     if !barrier(shared, me, 1) {
@@ -108,7 +124,8 @@ fn meet(shared: &Shared, me: usize) -> Option<libc::pid_t> {
         // SAFETY: prctl with integer arguments.
         unsafe { libc::prctl(libc::PR_SET_PTRACER, shared.word(1).load(Ordering::Acquire) as libc::c_ulong) };
     }
-    barrier(shared, me, 2).then(|| shared.word(1 - me).load(Ordering::Acquire) as libc::pid_t)
+    let peer = shared.word(1 - me).load(Ordering::Acquire) as libc::pid_t;
+    barrier(shared, me, 2).then_some(Pair { shared, me, peer, phase: 2 })
 }
 
 /// Reads `len` bytes at `remote` in process `peer` into `local` with process_vm_readv; false
@@ -198,7 +215,6 @@ fn cross_process_read(bytes: usize) -> Option<(f64, f64)> {
     // (written below, which makes the pages private to each).
     let mut buf = vec![0u8; bytes];
     let buf_addr = buf.as_mut_ptr() as usize;
-    let barrier = |me: usize, phase: u64| barrier(&shared, me, phase);
     let ok = in_processes(2, |me| {
         // SAFETY: `buf` is this process's own copy; written whole to make its pages private.
         let own = unsafe { std::slice::from_raw_parts_mut(buf_addr as *mut u8, bytes) };
@@ -206,11 +222,9 @@ fn cross_process_read(bytes: usize) -> Option<(f64, f64)> {
         let mut copy = vec![0u8; bytes];
         copy.fill(1);
         let mut scratch = vec![0u8; PIECE];
-        let Some(peer) = meet(&shared, me) else { return false };
-        let mut phase = 2;
+        let Some(mut pair) = meet(&shared, me) else { return false };
         for round in 0..5 {
-            phase += 1;
-            if !barrier(me, phase) {
+            if !pair.sync() {
                 return false;
             }
             let start = Instant::now();
@@ -218,13 +232,12 @@ fn cross_process_read(bytes: usize) -> Option<(f64, f64)> {
                 let len = PIECE.min(bytes - off);
                 // SAFETY: the peer's buffer (same address, its own copy) into our scratch
                 // buffer of at least `len` bytes.
-                if !unsafe { read_peer(peer, buf_addr + off, scratch.as_mut_ptr(), len) } {
+                if !unsafe { read_peer(pair.peer, buf_addr + off, scratch.as_mut_ptr(), len) } {
                     return false;
                 }
             }
             let read = start.elapsed().as_secs_f64();
-            phase += 1;
-            if !barrier(me, phase) {
+            if !pair.sync() {
                 return false;
             }
             let start = Instant::now();
@@ -261,7 +274,6 @@ fn heap_allreduce(bytes: usize) -> Option<f64> {
     let mut input = vec![0f32; floats];
     let mut output = vec![0f32; floats];
     let (in_addr, out_addr) = (input.as_mut_ptr() as usize, output.as_mut_ptr() as usize);
-    let barrier = |me: usize, phase: u64| barrier(&shared, me, phase);
     let ok = in_processes(2, |me| {
         // SAFETY: this process's own copies of the two buffers, written whole to make their
         // pages private.
@@ -273,7 +285,8 @@ fn heap_allreduce(bytes: usize) -> Option<f64> {
         };
         own_in.fill(me as f32 + 1.0);
         out.fill(0.0);
-        let Some(peer) = meet(&shared, me) else { return false };
+        let Some(mut pair) = meet(&shared, me) else { return false };
+        let peer = pair.peer;
         // Reads floats `range` of the peer's buffer at `from` into ours at `to`, piece by piece,
         // calling `then` on each piece as it lands.
         let read = |from: usize, to: usize, range: std::ops::Range<usize>, then: &mut dyn FnMut(usize, usize)| {
@@ -290,10 +303,8 @@ fn heap_allreduce(bytes: usize) -> Option<f64> {
         };
         let half = floats / 2;
         let (mine, theirs) = if me == 0 { (0..half, half..floats) } else { (half..floats, 0..half) };
-        let mut phase = 2;
         for round in 0..5 {
-            phase += 1;
-            if !barrier(me, phase) {
+            if !pair.sync() {
                 return false;
             }
             let start = Instant::now();
@@ -307,15 +318,7 @@ fn heap_allreduce(bytes: usize) -> Option<f64> {
                 };
                 dst.iter_mut().zip(src).for_each(|(d, s)| *d += *s);
             });
-            phase += 1;
-            if !reduced || !barrier(me, phase) {
-                return false;
-            }
-            if !read(out_addr, out_addr, theirs.clone(), &mut |_, _| {}) {
-                return false;
-            }
-            phase += 1;
-            if !barrier(me, phase) {
+            if !reduced || !pair.sync() || !read(out_addr, out_addr, theirs.clone(), &mut |_, _| {}) || !pair.sync() {
                 return false;
             }
             if me == 0 {
