@@ -24,30 +24,53 @@ pub(crate) static STREAMS: Table<Stream> = Table::new();
 static INIT: AtomicBool = AtomicBool::new(false);
 /// Number of aclrtDeviceTaskAbort calls so far.
 static ABORTS: AtomicU64 = AtomicU64::new(0);
-/// Streams whose task met a dead peer: (stream, ABORTS when first seen, when first seen).
-static HUNG: Mutex<Vec<(usize, u64, Instant)>> = Mutex::new(Vec::new());
+/// Streams whose task met a dead peer: (stream, when first seen).
+static HUNG: Mutex<Vec<(usize, Instant)>> = Mutex::new(Vec::new());
+/// ABORTS when each stream was last given a task: an abort after that stopped the task.
+static LAUNCHED: Mutex<Vec<(usize, u64)>> = Mutex::new(Vec::new());
+
+/// Notes that `stream` is given a task now (see [`hung`]).
+pub(crate) fn launched(stream: aclrtStream) {
+    let aborts = ABORTS.load(Ordering::SeqCst);
+    let mut l = LAUNCHED.lock().unwrap_or_else(|p| p.into_inner());
+    match l.iter_mut().find(|(k, _)| *k == stream as usize) {
+        Some(entry) => entry.1 = aborts,
+        None => l.push((stream as usize, aborts)),
+    }
+}
+
+/// Forgets a destroyed stream.
+fn forget(stream: aclrtStream) {
+    let key = stream as usize;
+    HUNG.lock().unwrap_or_else(|p| p.into_inner()).retain(|(k, _)| *k != key);
+    LAUNCHED.lock().unwrap_or_else(|p| p.into_inner()).retain(|(k, _)| *k != key);
+}
 
 /// Like real HCCL, a task whose peer died does not fail: it hangs until the device's tasks are
-/// aborted (aclrtDeviceTaskAbort) or HCCL_EXEC_TIMEOUT (seconds, default 1836) passes. The
-/// native runtime under the double does notice the peer; this keeps that knowledge from the
-/// caller until one of the two happens. `true` while the stream counts as hung.
+/// aborted (aclrtDeviceTaskAbort, which stops every task given before it, whenever its hang is
+/// first seen) or HCCL_EXEC_TIMEOUT (seconds, default 1836) passes. The native runtime under
+/// the double does notice the peer; this keeps that knowledge from the caller until one of the
+/// two happens. `true` while the stream counts as hung.
 fn hung(stream: aclrtStream, e: &hccn_runtime::Error) -> bool {
     use hccn_runtime::ErrorKind::*;
     if !matches!(e.kind(), RankFailed | Remote | Transfer | Connect) {
         return false;
     }
-    let aborts = ABORTS.load(Ordering::SeqCst);
-    let mut h = HUNG.lock().unwrap_or_else(|p| p.into_inner());
     let key = stream as usize;
-    let (_, since_aborts, since) = match h.iter().find(|(k, _, _)| *k == key) {
-        Some(x) => *x,
+    let launched_at = LAUNCHED.lock().unwrap_or_else(|p| p.into_inner()).iter().find(|(k, _)| *k == key).map(|e| e.1);
+    if launched_at.is_some_and(|a| a != ABORTS.load(Ordering::SeqCst)) {
+        return false;
+    }
+    let mut h = HUNG.lock().unwrap_or_else(|p| p.into_inner());
+    let since = match h.iter().find(|(k, _)| *k == key) {
+        Some(x) => x.1,
         None => {
-            h.push((key, aborts, Instant::now()));
-            (key, aborts, Instant::now())
+            h.push((key, Instant::now()));
+            Instant::now()
         }
     };
     let limit = std::env::var("HCCL_EXEC_TIMEOUT").ok().and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(1836);
-    aborts == since_aborts && (limit == 0 || since.elapsed() < Duration::from_secs(limit))
+    limit == 0 || since.elapsed() < Duration::from_secs(limit)
 }
 
 thread_local! {
@@ -157,7 +180,7 @@ pub unsafe extern "C" fn aclrtCreateStream(stream: *mut aclrtStream) -> aclError
 
 #[no_mangle]
 pub extern "C" fn aclrtDestroyStream(stream: aclrtStream) -> aclError {
-    HUNG.lock().unwrap_or_else(|p| p.into_inner()).retain(|(k, _, _)| *k != stream as usize);
+    forget(stream);
     match STREAMS.remove(stream) {
         Some(s) => {
             let _ = s.synchronize();

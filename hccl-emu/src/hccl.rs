@@ -4,7 +4,7 @@ use std::ffi::{c_char, c_void};
 
 use hccn_runtime::{Communicator, DataType, ErrorKind, Op, Ptr, ReduceOp, UniqueId};
 
-use crate::acl::{aclrtStream, bound, config, recent, STREAMS};
+use crate::acl::{aclrtStream, bound, config, launched, recent, STREAMS};
 use crate::table::Table;
 
 pub type HcclResult = i32;
@@ -317,6 +317,7 @@ fn launch(
         Err(code) => return code,
     };
     first_call(name);
+    launched(stream);
     // SAFETY: HCCL's contract: the buffers stay valid until the stream has run the operation.
     match unsafe { c.submit(op, Some(&s)) } {
         Ok(()) => SUCCESS,
