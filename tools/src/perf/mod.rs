@@ -390,7 +390,7 @@ fn run(o: &Options) -> Result<bool, String> {
         header(o, n).iter().for_each(|l| emit(l));
         emit(&format!("# link costs: {}", comm.link_costs()));
         if comm.link_costs().shared_cores {
-            emit("# ranks outnumber cores on rank 0's host: the model leaves rhd to HCCN_ALGO");
+            emit("# ranks outnumber cores on rank 0's host: the model leaves the ring out of allreduce");
         }
     }
     let started = Instant::now();
