@@ -165,6 +165,10 @@ pub(crate) struct Inbox {
     queued: std::sync::atomic::AtomicUsize,
     /// Bumped on every failure, departure, revoke and wake-up: zero while all is well.
     troubles: AtomicU64,
+    /// Threads asleep on `changed`, counted under the lock before they sleep: a push wakes
+    /// them only when there are some (a notify is a system call even when nobody waits, and a
+    /// receive usually polls for its frame instead of sleeping).
+    sleepers: std::sync::atomic::AtomicU32,
 }
 
 impl Inbox {
@@ -207,7 +211,19 @@ impl Inbox {
         drop(st);
         self.queued.fetch_add(1, Ordering::SeqCst);
         self.bump();
-        self.changed.notify_all();
+        // A sleeper counted itself under the lock, which this push took after it: the count is
+        // seen here. One that counts itself later looked at the queues first, under the lock.
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            self.changed.notify_all();
+        }
+    }
+
+    /// Sleeps on `changed` for at most `wait`, counted in `sleepers` meanwhile.
+    fn sleep<'a>(&self, st: MutexGuard<'a, InboxState>, wait: Duration) -> MutexGuard<'a, InboxState> {
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        let st = self.changed.wait_timeout(st, wait).map(|(g, _)| g).unwrap_or_else(|p| p.into_inner().0);
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        st
     }
 
     /// The next frame under `key`, if one is queued.
@@ -380,7 +396,7 @@ impl Inbox {
             if now >= deadline || st.failed.len() + st.departed.len() != planned_with {
                 return None;
             }
-            st = self.changed.wait_timeout(st, deadline - now).map(|(g, _)| g).unwrap_or_else(|p| p.into_inner().0);
+            st = self.sleep(st, deadline - now);
         }
     }
 
@@ -438,7 +454,7 @@ impl Inbox {
                 )));
             }
             let wait = until.saturating_duration_since(now).max(Duration::from_millis(1));
-            st = self.changed.wait_timeout(st, wait).map(|(g, _)| g).unwrap_or_else(|p| p.into_inner().0);
+            st = self.sleep(st, wait);
         }
     }
 }
