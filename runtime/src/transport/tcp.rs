@@ -168,13 +168,21 @@ impl TcpLink {
         if !self.caught_up() {
             return false;
         }
-        let Some(hdr) = whole_frame(self.fd) else { return false };
+        let mut peeked = [0u8; HEADER_LEN + PEEK_PAYLOAD];
+        let Some((hdr, seen)) = whole_frame(self.fd, &mut peeked) else { return false };
         let data = hdr.kind != FrameKind::Heartbeat;
-        let mut head = [0u8; HEADER_LEN];
-        // Every byte of the frame is in the socket: neither read below can block.
-        let mut payload = if data { super::pool::take(hdr.len as usize) } else { Vec::new() };
-        let read =
-            read_exact_fd(self.fd, &mut head).and_then(|()| read_payload(self.fd, &mut payload, hdr.len as usize));
+        let len = hdr.len as usize;
+        // Every byte of the frame is in the socket: no read below can block.
+        let mut payload = if data { super::pool::take(len) } else { Vec::new() };
+        let read = if HEADER_LEN + len <= seen {
+            // The peek showed the whole frame: take it off the socket in one read of its length
+            // (the same bytes again), not two.
+            let frame = &mut peeked[..HEADER_LEN + len];
+            read_exact_fd(self.fd, frame).map(|()| payload.extend_from_slice(&frame[HEADER_LEN..]))
+        } else {
+            let mut head = [0u8; HEADER_LEN];
+            read_exact_fd(self.fd, &mut head).and_then(|()| read_payload(self.fd, &mut payload, len))
+        };
         if let Err(e) = read {
             return self.fail(&e);
         }
@@ -344,22 +352,33 @@ fn peek_header(fd: std::os::fd::RawFd) -> Option<[u8; HEADER_LEN]> {
     (n == HEADER_LEN as isize).then_some(head)
 }
 
+/// Payload bytes that [`whole_frame`] peeks beyond the header: a frame up to this size is then
+/// taken whole by one more read.
+const PEEK_PAYLOAD: usize = 4096;
+
 /// The header of the frame at the head of `fd`'s stream when all of it is there, and it is one
-/// that a receive may take: a data frame or a plain heartbeat. Anything else, malformed frames
+/// that a receive may take: a data frame or a plain heartbeat, with how many bytes of the
+/// stream (header first) the call peeked into `buf`. Anything else, malformed frames
 /// included, is the reader thread's to handle.
-fn whole_frame(fd: std::os::fd::RawFd) -> Option<FrameHeader> {
+fn whole_frame(fd: std::os::fd::RawFd, buf: &mut [u8; HEADER_LEN + PEEK_PAYLOAD]) -> Option<(FrameHeader, usize)> {
     let mut avail: libc::c_int = 0;
     // SAFETY: FIONREAD writes one int; the caller keeps `fd` open.
     if unsafe { libc::ioctl(fd, libc::FIONREAD, &mut avail) } != 0 || (avail as usize) < HEADER_LEN {
         return None;
     }
-    let hdr = FrameHeader::decode(&peek_header(fd)?, MAX_CHUNK_BYTES).ok()?;
+    // All that is there when it fits, else the header alone: a look at a large frame as it
+    // arrives must not copy kilobytes each time.
+    let want = if avail as usize <= buf.len() { avail as usize } else { HEADER_LEN };
+    // SAFETY: peeks at most `want` <= buf.len() bytes into `buf`; the caller keeps `fd` open.
+    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), want, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    let seen = usize::try_from(n).ok().filter(|&n| n >= HEADER_LEN)?;
+    let hdr = FrameHeader::decode(buf[..HEADER_LEN].try_into().ok()?, MAX_CHUNK_BYTES).ok()?;
     match hdr.kind {
         FrameKind::Heartbeat if hdr.len == 0 => {}
         FrameKind::Goodbye | FrameKind::Revoke | FrameKind::Heartbeat => return None,
         _ => {}
     }
-    ((avail as u64) >= HEADER_LEN as u64 + hdr.len).then_some(hdr)
+    ((avail as u64) >= HEADER_LEN as u64 + hdr.len).then_some((hdr, seen))
 }
 
 /// Sleeps until `fd` is readable, closed or failed.
@@ -808,6 +827,29 @@ mod tests {
         }
         assert_eq!(inbox.queued(), 0);
         drop(writer.join().expect("writer"));
+        link.close(false);
+    }
+
+    #[test]
+    fn frames_queued_back_to_back_are_taken_one_at_a_time_by_the_peek_and_the_plain_reads() {
+        // Frames up to the peek's size are taken with the bytes the peek saw, larger ones by
+        // header and payload; with several in the socket at once a read must stop at its
+        // frame's end.
+        let (tx, inbox, link, cfg) = linked(Duration::from_secs(20));
+        let lens: Vec<usize> = (0..60).map(|i| [0, 1, 7, 4095, 4096, 4097, 9000, 70][i % 8] + i).collect();
+        let body = |seq: usize| -> Vec<u8> { (0..lens[seq]).map(|i| (i * 7 + seq) as u8).collect() };
+        let mut stream = Vec::new();
+        for (seq, &len) in lens.iter().enumerate() {
+            stream.extend_from_slice(&collective(seq as u64, len).encode());
+            stream.extend_from_slice(&body(seq));
+        }
+        send_all(&tx, &stream, &[]).expect("send");
+        for (seq, &len) in lens.iter().enumerate() {
+            let poll = |budget, ready: &dyn Fn() -> bool| link.poll(budget, ready, true, None);
+            let f = inbox.take(key(seq as u64), cfg.timeout, &|_| None, &poll).expect("frame");
+            assert!(f.payload == body(seq), "frame {seq} of {len} bytes intact");
+        }
+        assert_eq!(inbox.queued(), 0);
         link.close(false);
     }
 
