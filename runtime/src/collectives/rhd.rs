@@ -17,9 +17,11 @@
 //! reduced segment is computed once and then copied; with doubling both partners combine in the
 //! same order (the lower virtual rank's operand first).
 
+use std::borrow::Cow;
 use std::ops::Range;
 
-use super::ring::segment;
+use super::ctx::Sends;
+use super::ring::{segment, split};
 use super::{Algorithm, Ctx, ReduceArgs};
 use crate::error::{Error, Result};
 use crate::reduce;
@@ -54,6 +56,11 @@ enum Land {
 /// directions flow at once. Given `input` (the first step of an out-of-place allreduce, where
 /// `buf` holds nothing yet), the data sent and the operand combined with what arrives come from
 /// `input` instead of `buf`: no copy of the input into the output first.
+///
+/// When `out` and `in_` are apart (halving, doubling, the fold), chunks go out as sends that
+/// complete later, as the ring's do: a same-host peer reads them straight from this rank's
+/// memory, once, and the exchange returns when it has. Recursive doubling sends and receives
+/// the whole buffer: each chunk leaves (copied) before the one received over it is combined.
 #[allow(clippy::too_many_arguments)]
 fn exchange(
     ctx: &Ctx<'_>,
@@ -66,34 +73,54 @@ fn exchange(
     into: Land,
 ) -> Result<()> {
     let (k_out, k_in) = (ctx.nchunks(out.len()), ctx.nchunks(in_.len()));
-    for c in 0..k_out.max(k_in) {
-        if c < k_out {
-            let r = ctx.chunk_range(out.len(), c);
-            let piece = out.start + r.start..out.start + r.end;
-            ctx.send(peer, tag, input.map_or(&buf[piece.clone()], |i| &i[piece]))?;
-        }
-        if c < k_in {
-            let r = ctx.chunk_range(in_.len(), c);
-            let at = in_.start + r.start..in_.start + r.end;
-            let base = input.map(|i| &i[at.clone()]);
-            let dst = &mut buf[at];
-            // Each piece is combined where it lies (a ring slot, the pooled frame): no copy of
-            // the chunk, no allocation.
-            match (into, base) {
-                (Land::Reduce(dt, op), None) => ctx.recv_reduce(peer, tag, dst, dt, op)?,
-                (Land::Reduce(dt, op), Some(base)) => ctx.recv_reduce_onto(peer, tag, dst, base, dt, op)?,
-                (Land::ReduceTheirsFirst(dt, op), base) => ctx.recv_with(peer, tag, dst.len(), &mut |off, piece| {
-                    let d = &mut dst[off..off + piece.len()];
-                    match base {
-                        None => reduce::reduce_onto(d, piece, dt, op),
-                        Some(b) => reduce::reduce_from(d, piece, &b[off..off + piece.len()], dt, op),
-                    }
-                })?,
-                (Land::Store, _) => ctx.recv_into(peer, tag, dst)?,
+    let apart = out.is_empty() || in_.is_empty() || out.end <= in_.start || in_.end <= out.start;
+    if !apart {
+        for c in 0..k_out.max(k_in) {
+            if c < k_out {
+                let r = ctx.chunk_range(out.len(), c);
+                let piece = out.start + r.start..out.start + r.end;
+                ctx.send(peer, tag, input.map_or(&buf[piece.clone()], |i| &i[piece]))?;
+            }
+            if c < k_in {
+                let r = ctx.chunk_range(in_.len(), c);
+                let at = in_.start + r.start..in_.start + r.end;
+                take(ctx, peer, tag, &mut buf[at.clone()], input.map(|i| &i[at]), into)?;
             }
         }
+        return Ok(());
     }
-    Ok(())
+    let (held, dst) = split(buf, out.clone(), in_.clone())?;
+    let src = input.map_or(held, |i| &i[out]);
+    let base = input.map(|i| &i[in_]);
+    let mut sends = Sends::default();
+    for c in 0..k_out.max(k_in) {
+        if c < k_out {
+            ctx.send_start(&mut sends, peer, tag, Cow::Borrowed(&src[ctx.chunk_range(src.len(), c)]))?;
+        }
+        if c < k_in {
+            let r = ctx.chunk_range(dst.len(), c);
+            take(ctx, peer, tag, &mut dst[r.clone()], base.map(|b| &b[r]), into)?;
+        }
+    }
+    ctx.wait_sends(&mut sends)
+}
+
+/// Receives one chunk from `peer` into `dst` as `into` says, `base` being this rank's operand
+/// when it is not `dst` itself (out of place). Each piece is combined where it lies (a ring
+/// slot, the pooled frame, the sender's memory): no copy of the chunk, no allocation.
+fn take(ctx: &Ctx<'_>, peer: u32, tag: u32, dst: &mut [u8], base: Option<&[u8]>, into: Land) -> Result<()> {
+    match (into, base) {
+        (Land::Reduce(dt, op), None) => ctx.recv_reduce(peer, tag, dst, dt, op),
+        (Land::Reduce(dt, op), Some(base)) => ctx.recv_reduce_onto(peer, tag, dst, base, dt, op),
+        (Land::ReduceTheirsFirst(dt, op), base) => ctx.recv_with(peer, tag, dst.len(), &mut |off, piece| {
+            let d = &mut dst[off..off + piece.len()];
+            match base {
+                None => reduce::reduce_onto(d, piece, dt, op),
+                Some(b) => reduce::reduce_from(d, piece, &b[off..off + piece.len()], dt, op),
+            }
+        }),
+        (Land::Store, _) => ctx.recv_into(peer, tag, dst),
+    }
 }
 
 impl Algorithm for Rhd {
@@ -136,7 +163,7 @@ impl Rhd {
         // Pre-step: fold the first 2r ranks pairwise. After it the input has been read.
         let (vrank, mut input) = if me < 2 * r {
             if me % 2 == 0 {
-                ctx.send_chunked(me + 1, TAG_PRE, input.unwrap_or(w.acc))?;
+                exchange(ctx, me + 1, TAG_PRE, w.acc, input, all.clone(), 0..0, red)?;
                 (None, None)
             } else {
                 exchange(ctx, me - 1, TAG_PRE, w.acc, input, 0..0, all.clone(), red)?;
@@ -165,7 +192,7 @@ impl Rhd {
             if me % 2 == 0 {
                 ctx.recv_chunked_into(me + 1, TAG_POST, w.acc)?;
             } else {
-                ctx.send_chunked(me - 1, TAG_POST, w.acc)?;
+                exchange(ctx, me - 1, TAG_POST, w.acc, None, all.clone(), 0..0, Land::Store)?;
             }
         }
         Ok(())
