@@ -665,7 +665,7 @@ impl Net {
         let single_copy = payload.len() >= shm::CMA_MIN
             && dst != self.rank
             && matches!(hdr.kind, FrameKind::Collective | FrameKind::P2p)
-            && self.shm.cma(dst);
+            && self.shm.single_copy(dst, payload);
         if !single_copy {
             return self.send(dst, hdr, payload).map(|_| None);
         }

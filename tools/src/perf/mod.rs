@@ -390,7 +390,7 @@ fn run(o: &Options) -> Result<bool, String> {
         header(o, n).iter().for_each(|l| emit(l));
         emit(&format!("# link costs: {}", comm.link_costs()));
         if comm.link_costs().shared_cores {
-            emit("# ranks outnumber cores on rank 0's host: the model leaves the ring out of allreduce");
+            emit("# ranks outnumber cores on rank 0's host");
         }
     }
     let started = Instant::now();
