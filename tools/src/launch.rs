@@ -21,7 +21,7 @@ const DEFAULT_REMOTE: &str = "ssh -o BatchMode=yes";
 
 pub const USAGE: &str = "\
 usage: hccnrun -n N [--nnodes M --node-rank I | --hostfile FILE [--remote-cmd CMD]]
-               [--timeout SECONDS] [--grace SECONDS] [--store URL | --etcd-local]
+               [--bind-to core|none] [--timeout SECONDS] [--grace SECONDS] [--store URL | --etcd-local]
                [--elastic [--min-ranks M] [--max-restarts K]] [--] PROGRAM [ARGS...]
 
 Starts N ranks of PROGRAM on this host around an embedded rendezvous store. Each rank gets
@@ -29,6 +29,9 @@ HCCN_RANK, HCCN_WORLD_SIZE, HCCN_LOCAL_RANK, HCCN_LOCAL_WORLD_SIZE, HCCN_STORE, 
 HCCN_JOB_TOKEN; its stdout and stderr lines are prefixed with \"[rank] \". Stdin is not forwarded.
 
   -n, --np N           number of ranks (required)
+  --bind-to core|none  core: bind each rank started here to one of the CPUs hccnrun may use,
+                       local rank i to the i-th modulo their number (as mpirun --bind-to core);
+                       none (the default): the scheduler places them
   --timeout SECONDS    stop the job and exit 124 when it runs longer
   --grace SECONDS      after a rank fails, how long the others may finish on their own before
                        they get SIGTERM (default 3); SIGKILL follows 1 s after SIGTERM
@@ -85,6 +88,8 @@ pub struct Options {
     /// `--hostfile`: the hosts this hccnrun starts ranks on, and how.
     pub hosts: Option<Vec<Host>>,
     pub remote_cmd: String,
+    /// `--bind-to core`: each rank started on this host runs on one CPU only.
+    pub bind_to_core: bool,
     pub program: OsString,
     pub args: Vec<OsString>,
 }
@@ -120,6 +125,7 @@ pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
     let (mut elastic, mut min_ranks, mut max_restarts, mut store, mut etcd_local) = (false, None, None, None, false);
     let (mut nnodes, mut node_rank) = (1u32, None);
     let (mut hosts, mut remote_cmd) = (None, DEFAULT_REMOTE.to_owned());
+    let mut bind_to_core = false;
     while let Some((name, inline)) = a.next_option()? {
         match name.as_str() {
             "-h" | "--help" => return Ok(Invocation::Help),
@@ -153,6 +159,13 @@ pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
                 hosts = Some(hostfile::parse(&text).map_err(|e| UsageError(format!("--hostfile {path}: {e}")))?);
             }
             "--remote-cmd" => remote_cmd = a.value(&name, inline)?,
+            "--bind-to" => {
+                bind_to_core = match a.value(&name, inline)?.as_str() {
+                    "core" => true,
+                    "none" => false,
+                    v => return Err(UsageError(format!("--bind-to {v}: expected core or none"))),
+                }
+            }
             "--min-ranks" => min_ranks = Some(args::number::<u32>(&name, &a.value(&name, inline)?)?),
             "--max-restarts" => max_restarts = Some(args::number::<u32>(&name, &a.value(&name, inline)?)?),
             _ => return Err(UsageError(format!("unknown option {name}"))),
@@ -194,6 +207,7 @@ pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
         node_rank,
         hosts,
         remote_cmd,
+        bind_to_core,
         program,
         args: rest.collect(),
     }))
@@ -388,6 +402,23 @@ struct Job {
     restarts: u32,
 }
 
+/// The CPU that local rank `local` is bound to with `--bind-to core`: the `local`-th, modulo
+/// their number, of the CPUs this process may run on.
+fn core_for(local: u32) -> io::Result<usize> {
+    // SAFETY: a zeroed cpu_set_t is an empty set; the kernel fills it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a writable cpu_set_t of the size given.
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: CPU_ISSET reads the set within its size (cpu < CPU_SETSIZE).
+    let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect();
+    if cpus.is_empty() {
+        return Err(io::Error::other("--bind-to core: this process may run on no CPU"));
+    }
+    Ok(cpus[local as usize % cpus.len()])
+}
+
 impl Job {
     /// Starts rank `rank`: here, or on its host from the host file through the remote command.
     fn spawn(&mut self, o: &Options, rank: u32, env: &[(&str, String)]) -> io::Result<()> {
@@ -426,10 +457,21 @@ impl Job {
             // children, say) and a terminal's Ctrl-C reaches the ranks only through hccnrun.
             .process_group(0);
         let parent = std::process::id() as libc::pid_t;
+        let cpu = match place.host {
+            None if o.bind_to_core => Some(core_for(place.local)?),
+            _ => None,
+        };
         // SAFETY: the closure runs in the forked child before exec and only makes
-        // async-signal-safe calls (prctl, getppid).
+        // async-signal-safe calls (prctl, getppid, sched_setaffinity).
         unsafe {
             cmd.pre_exec(move || {
+                if let Some(cpu) = cpu {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(cpu, &mut set);
+                    if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
                 // The rank dies with hccnrun even when hccnrun is SIGKILLed.
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
                     return Err(io::Error::last_os_error());
@@ -678,7 +720,10 @@ mod tests {
         assert_eq!(o.program, "prog");
         assert_eq!(o.args, vec![OsString::from("-n"), OsString::from("5")]);
         let Ok(Invocation::Run(o)) = parse_strs(&["-n", "1", "prog"]) else { panic!("not parsed") };
-        assert_eq!((o.timeout, o.grace), (None, Duration::from_secs(3)));
+        assert_eq!((o.timeout, o.grace, o.bind_to_core), (None, Duration::from_secs(3), false));
+        let Ok(Invocation::Run(o)) = parse_strs(&["-n", "2", "--bind-to", "core", "prog"]) else { panic!("bind") };
+        assert!(o.bind_to_core);
+        assert!(parse_strs(&["-n", "2", "--bind-to=socket", "prog"]).is_err());
         assert_eq!(parse_strs(&["--help"]), Ok(Invocation::Help));
     }
 

@@ -178,6 +178,39 @@ printf "partial $HCCN_RANK""#;
     assert!(f.stdout.contains("[0] id mine") && f.stdout.contains("[1] id mine"), "{f:#?}");
 }
 
+/// The CPUs in a `Cpus_allowed_list` value (`0-3,6`).
+fn cpu_list(v: &str) -> Vec<usize> {
+    let range = |r: &str| -> Vec<usize> {
+        let (a, b) = r.split_once('-').unwrap_or((r, r));
+        let (a, b): (usize, usize) = (a.trim().parse().expect("cpu"), b.trim().parse().expect("cpu"));
+        (a..=b).collect()
+    };
+    v.split(',').flat_map(range).collect()
+}
+
+fn allowed_cpus_line(status: &str) -> &str {
+    status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).expect("Cpus_allowed_list").trim()
+}
+
+#[test]
+fn bind_to_core_puts_each_local_rank_on_one_cpu_in_turn() {
+    let own = std::fs::read_to_string("/proc/self/status").expect("status");
+    let cpus = cpu_list(allowed_cpus_line(&own));
+    let script = "grep Cpus_allowed_list: /proc/self/status";
+    let f = run(&["-n", "3", "--bind-to", "core", "sh", "-c", script], Duration::from_secs(30));
+    assert!(f.status.success(), "{f:#?}");
+    for r in 0..3usize {
+        let line = f.stdout.lines().find_map(|l| l.strip_prefix(&format!("[{r}] "))).expect("rank's line");
+        assert_eq!(cpu_list(allowed_cpus_line(line)), vec![cpus[r % cpus.len()]], "rank {r}: {f:#?}");
+    }
+    let f = run(&["-n", "2", "--bind-to", "none", "sh", "-c", script], Duration::from_secs(30));
+    assert!(f.status.success(), "{f:#?}");
+    for r in 0..2 {
+        let line = f.stdout.lines().find_map(|l| l.strip_prefix(&format!("[{r}] "))).expect("rank's line");
+        assert_eq!(cpu_list(allowed_cpus_line(line)), cpus, "unbound rank {r}: {f:#?}");
+    }
+}
+
 #[test]
 fn a_failing_rank_stops_the_others_after_the_grace_period() {
     let script = r#"if [ "$HCCN_RANK" = 1 ]; then sleep 1; exit 3; fi
