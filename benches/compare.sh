@@ -4,8 +4,9 @@
 # 4 B .. 256 MiB, 2 and 4 ranks, hccn both on its default transports and with
 # HCCN_TRANSPORT=tcp (compared with the TCP peers), with memcpy, loopback iperf3 (one stream,
 # and both directions at once as an allreduce uses it), the cross-process read rate and the
-# post-and-wait round of n processes (hccn-limits) as the limits; prints one table per rank
-# count with hccn/peer ratios. Installs what is missing (Debian openmpi-bin,
+# post-and-wait round of n processes (hccn-limits) as the limits, and a 4-byte allreduce of 4
+# ranks bound to cores (hccnrun and mpirun --bind-to core); prints one table per rank count with
+# hccn/peer ratios. Installs what is missing (Debian openmpi-bin,
 # libopenmpi-dev, iperf3; torch comes from /opt/hccn/venvs/torch, made by
 # scripts/setup-python.sh torch). Takes 3 to 5 minutes on the 2-core machine; nothing here is a
 # test. Usage: bash benches/compare.sh [--quick]   (--quick: up to 16 MiB, for a smoke run)
@@ -108,6 +109,16 @@ for n in 2 4; do
             >"$out/gloo-np$n.txt" 2>"$out/gloo-np$n.err" || log "Gloo failed: $(tail -3 "$out/gloo-np$n.err")"
     fi
 done
+
+log "4-byte allreduce, 4 ranks bound to cores (hccnrun --bind-to core, mpirun --bind-to core)"
+{
+    t=$("$bin/hccnrun" -n 4 --bind-to core "$bin/hccn-perf" -b 4 -e 4 -w 2000 -n 20000 2>/dev/null \
+        | awk '$1 == "[0]" && $2 == "4" {print $7}')
+    echo "hccn ${t:-failed}"
+    t=$(mpirun --allow-run-as-root --oversubscribe --bind-to core:overload-allowed --mca pml ob1 -np 4 --mca btl self,vader "$out/allreduce_mpi" 4 4 4 2>/dev/null \
+        | awk '$1 == "4" {print $2}')
+    echo "mpi ${t:-failed}"
+} >"$out/bound.txt"
 
 python3 benches/compare/table.py "$out"
 log "raw outputs in $out"

@@ -2,7 +2,8 @@
 Usage: python3 table.py DIR. Reads DIR/{hccn,hccn-reg,hccn-tcp,mpi-shm,mpi-tcp,gloo}-np{2,4}.txt ("bytes us"
 lines, or hccn-perf tables; hccn-reg is hccn-perf -R, buffers from hccn_mem_alloc; hccn-tcp is
 HCCN_TRANSPORT=tcp), DIR/memcpy.txt (hccn-kernel-bench output), DIR/iperf3.json and
-DIR/iperf3-bidir.json and DIR/limits.txt (hccn-limits output)."""
+DIR/iperf3-bidir.json, DIR/limits.txt (hccn-limits output) and DIR/bound.txt (4-byte latency of
+4 ranks bound to cores: "hccn US" and "mpi US" lines)."""
 import json
 import os
 import sys
@@ -113,6 +114,12 @@ def main():
         for line in open(limits):
             if not line.startswith("#") and line.strip():
                 print("  " + line.strip())
+    bound = os.path.join(d, "bound.txt")
+    if os.path.exists(bound):
+        got = dict(line.split(None, 1) for line in open(bound) if line.strip())
+        print("4-byte allreduce, 4 ranks each bound to a core (hccnrun --bind-to core, mpirun --bind-to core; "
+              "the table's runs leave placement to the scheduler, which sometimes puts 3 of 4 on one core): "
+              f"hccn {got.get('hccn', '-').strip()} us, Open MPI shm {got.get('mpi', '-').strip()} us")
 
 
 if __name__ == "__main__":
