@@ -84,7 +84,7 @@ fn exchange(
             if c < k_in {
                 let r = ctx.chunk_range(in_.len(), c);
                 let at = in_.start + r.start..in_.start + r.end;
-                take(ctx, peer, tag, &mut buf[at.clone()], input.map(|i| &i[at]), into)?;
+                receive(ctx, peer, tag, &mut buf[at.clone()], input.map(|i| &i[at]), into)?;
             }
         }
         return Ok(());
@@ -99,7 +99,7 @@ fn exchange(
         }
         if c < k_in {
             let r = ctx.chunk_range(dst.len(), c);
-            take(ctx, peer, tag, &mut dst[r.clone()], base.map(|b| &b[r]), into)?;
+            receive(ctx, peer, tag, &mut dst[r.clone()], base.map(|b| &b[r]), into)?;
         }
     }
     ctx.wait_sends(&mut sends)
@@ -108,7 +108,7 @@ fn exchange(
 /// Receives one chunk from `peer` into `dst` as `into` says, `base` being this rank's operand
 /// when it is not `dst` itself (out of place). Each piece is combined where it lies (a ring
 /// slot, the pooled frame, the sender's memory): no copy of the chunk, no allocation.
-fn take(ctx: &Ctx<'_>, peer: u32, tag: u32, dst: &mut [u8], base: Option<&[u8]>, into: Land) -> Result<()> {
+fn receive(ctx: &Ctx<'_>, peer: u32, tag: u32, dst: &mut [u8], base: Option<&[u8]>, into: Land) -> Result<()> {
     match (into, base) {
         (Land::Reduce(dt, op), None) => ctx.recv_reduce(peer, tag, dst, dt, op),
         (Land::Reduce(dt, op), Some(base)) => ctx.recv_reduce_onto(peer, tag, dst, base, dt, op),

@@ -133,7 +133,7 @@ pub struct LinkCosts {
     pub shm: LinkCost,
     pub tcp: LinkCost,
     /// World rank 0's host runs more ranks than it has cores (reported by hccn-perf and the
-    /// agreement's log line; the shared-memory α measured there is retried, see linkcost.rs).
+    /// agreement's log line; linkcost.rs measures a slow shared-memory α again only where not).
     /// The model itself does not use it: what once made the ring slow there (a receiver's
     /// single-copy read while its sender waits) is left out by the transport instead.
     pub shared_cores: bool,
