@@ -21,8 +21,9 @@ const DEFAULT_REMOTE: &str = "ssh -o BatchMode=yes";
 
 pub const USAGE: &str = "\
 usage: hccnrun -n N [--nnodes M --node-rank I | --hostfile FILE [--remote-cmd CMD]]
-               [--bind-to core|none] [--timeout SECONDS] [--grace SECONDS] [--store URL | --etcd-local]
-               [--elastic [--min-ranks M] [--max-restarts K]] [--] PROGRAM [ARGS...]
+               [--bind-to core|none] [--timeout SECONDS] [--grace SECONDS]
+               [--store URL | --etcd-local] [--elastic [--min-ranks M] [--max-restarts K]]
+               [--] PROGRAM [ARGS...]
 
 Starts N ranks of PROGRAM on this host around an embedded rendezvous store. Each rank gets
 HCCN_RANK, HCCN_WORLD_SIZE, HCCN_LOCAL_RANK, HCCN_LOCAL_WORLD_SIZE, HCCN_STORE, HCCN_JOB_ID and
