@@ -113,11 +113,21 @@ fn torch_backend_every_collective_under_torchrun_and_under_hccnrun() {
 fn ddp(backend: &str, under_hccnrun: bool, dir: &Path) -> PathBuf {
     let file = dir.join(format!("{backend}-{}.f64", if under_hccnrun { "hccnrun" } else { "torchrun" }));
     let f = file.display().to_string();
-    let out = if under_hccnrun {
-        hccnrun(2, &[&script("ddp.py"), Path::new(backend), Path::new(&f)])
-    } else {
-        torchrun(2, &script("ddp.py"), &[backend, &f])
+    let run = || {
+        if under_hccnrun {
+            hccnrun(2, &[&script("ddp.py"), Path::new(backend), Path::new(&f)])
+        } else {
+            torchrun(2, &script("ddp.py"), &[backend, &f])
+        }
     };
+    let mut out = run();
+    if backend == "gloo" && out.code != Some(0) {
+        // Torch's own Gloo run is only the reference, and it has aborted after its last step
+        // ("terminate called without an active exception", SIGABRT, in torch's teardown; seen
+        // once, in a CI rehearsal on 2026-12-04): it gets a second run. hccn's runs get none.
+        eprintln!("the reference run on gloo failed, running it again: {}", out.describe());
+        out = run();
+    }
     assert_eq!(out.code, Some(0), "DDP on {backend} failed: {}", out.describe());
     assert!(out.stdout.contains(&format!("{backend} step 7 loss")), "{}", out.describe());
     file
