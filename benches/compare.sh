@@ -74,8 +74,9 @@ mpirun_=(mpirun --allow-run-as-root --oversubscribe --bind-to none --mca pml ob1
 for n in 2 4; do
     log "hccn, $n ranks"
     {
-        # Fixed iteration counts per size band (hccn-perf times a fixed count).
-        "$bin/hccnrun" -n "$n" "$bin/hccn-perf" -b 4 -e 64K -f 4 -w 20 -n 300
+        # Fixed iteration counts per size band (hccn-perf times a fixed count); small sizes as
+        # many as allreduce_mpi's 10,000, after a warm-up in which ranks settle on the cores.
+        "$bin/hccnrun" -n "$n" "$bin/hccn-perf" -b 4 -e 64K -f 4 -w 1000 -n 10000
         "$bin/hccnrun" -n "$n" "$bin/hccn-perf" -b 256K -e 4M -f 4 -w 3 -n 20
         if ((max >= 16 << 20)); then
             "$bin/hccnrun" -n "$n" "$bin/hccn-perf" -b 16M -e "$max" -f 4 -w 1 -n 3
@@ -91,7 +92,7 @@ for n in 2 4; do
     } >"$out/hccn-reg-np$n.txt" 2>"$out/hccn-reg-np$n.err" || log "hccn -R with $n ranks failed: $(tail -3 "$out/hccn-reg-np$n.err")"
     log "hccn over TCP only (HCCN_TRANSPORT=tcp), $n ranks"
     {
-        HCCN_TRANSPORT=tcp "$bin/hccnrun" -n "$n" "$bin/hccn-perf" -b 4 -e 64K -f 4 -w 10 -n 100
+        HCCN_TRANSPORT=tcp "$bin/hccnrun" -n "$n" "$bin/hccn-perf" -b 4 -e 64K -f 4 -w 100 -n 1000
         HCCN_TRANSPORT=tcp "$bin/hccnrun" -n "$n" "$bin/hccn-perf" -b 256K -e 4M -f 4 -w 3 -n 10
         if ((max >= 16 << 20)); then
             HCCN_TRANSPORT=tcp "$bin/hccnrun" -n "$n" "$bin/hccn-perf" -b 16M -e "$max" -f 4 -w 1 -n 3

@@ -118,7 +118,8 @@ def main():
     if os.path.exists(bound):
         got = dict(line.split(None, 1) for line in open(bound) if line.strip())
         print("4-byte allreduce, 4 ranks each bound to a core (hccnrun --bind-to core, mpirun --bind-to core; "
-              "the table's runs leave placement to the scheduler, which sometimes puts 3 of 4 on one core): "
+              "the table's runs leave placement to the scheduler, which sometimes puts 3 of 4 on one core "
+              "until hccn's ranks move themselves): "
               f"hccn {got.get('hccn', '-').strip()} us, Open MPI shm {got.get('mpi', '-').strip()} us")
 
 
