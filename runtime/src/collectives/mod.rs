@@ -13,6 +13,7 @@ mod pairwise;
 mod rhd;
 mod ring;
 mod ring_compressed;
+pub(crate) mod runahead;
 pub mod select;
 mod traced;
 mod tree;

@@ -27,6 +27,7 @@ pub use typed::Element;
 
 use crate::collectives::board::BoardCell;
 use crate::collectives::check::{self, Shape};
+use crate::collectives::runahead::RunAhead;
 use crate::collectives::{self, Ctx, Op, Work};
 use crate::error::{Error, ErrorKind, Result};
 use crate::stream::Stream;
@@ -67,6 +68,8 @@ pub(crate) struct CommInner {
     hosts: Option<Vec<u32>>,
     /// The shared-memory board of the smallest allreduces, when all members share a host.
     pub board: BoardCell,
+    /// Which rooted operations end with a barrier.
+    runahead: RunAhead,
 }
 
 /// A communicator. Clones share it; it lives until the last clone and the last queued
@@ -154,6 +157,7 @@ impl CommInner {
             member: membership::MemberSlot::default(),
             hosts,
             board,
+            runahead: RunAhead::default(),
         }
     }
 
@@ -346,16 +350,37 @@ impl Communicator {
             _ => (FrameKind::Collective, self.inner.coll_seq.fetch_add(1, Ordering::SeqCst)),
         };
         let turn = self.inner.board.turn_for(&work);
+        let settle =
+            self.inner.runahead.settles(&work, self.size()).then(|| self.inner.coll_seq.fetch_add(1, Ordering::SeqCst));
         match stream {
             // SAFETY: the caller's promise covers the buffers until we return.
-            None => unsafe { collectives::execute(&Ctx::new(&self.inner, kind, seq).with_turn(turn), &work) },
+            None => unsafe { run_settled(&self.inner, kind, seq, turn, &work, settle) },
             Some(s) => {
                 let inner = self.inner.clone();
                 // SAFETY: the caller's promise covers the buffers until the stream runs the job.
-                s.enqueue(Box::new(move || unsafe {
-                    collectives::execute(&Ctx::new(&inner, kind, seq).with_turn(turn), &work)
-                }))
+                s.enqueue(Box::new(move || unsafe { run_settled(&inner, kind, seq, turn, &work, settle) }))
             }
         }
+    }
+}
+
+/// Runs `work`, then the barrier with sequence number `settle` if it has one (see runahead.rs).
+///
+/// # Safety
+/// As [`collectives::execute`].
+unsafe fn run_settled(
+    inner: &CommInner,
+    kind: FrameKind,
+    seq: u64,
+    turn: Option<u64>,
+    work: &Work,
+    settle: Option<u64>,
+) -> Result<()> {
+    // SAFETY: the caller's promise, passed on.
+    unsafe { collectives::execute(&Ctx::new(inner, kind, seq).with_turn(turn), work) }?;
+    match settle {
+        // SAFETY: a barrier touches no buffer.
+        Some(seq) => unsafe { collectives::execute(&Ctx::new(inner, FrameKind::Collective, seq), &Work::Barrier) },
+        None => Ok(()),
     }
 }
