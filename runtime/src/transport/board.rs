@@ -15,12 +15,13 @@
 //! spin or yield as the rings do (see shm.rs), then sleep on the board's futex, woken by writes
 //! and folds. Where the host's ranks outnumber its cores, each waiter says in its line which core
 //! it runs on: a waiter spins rather than yields while no rank it waits for shares its core, and
-//! the ranks keep themselves evenly spread over the cores (`Board::spread`).
+//! the ranks keep themselves evenly spread over the cores (placement.rs).
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use super::placement::{self, here, Countdown};
 use super::shm::{futex_wait, futex_wake, Backoff, Segment, Wait, NAP};
 use crate::error::{Error, Result};
 use crate::reduce;
@@ -44,52 +45,10 @@ const MAGIC: u64 = 0x4843_434e_4252_4431; // "HCCNBRD1"
 /// Looks a waiter spends spinning (rather than yielding) while no rank it waits for shares its
 /// core, when the host's ranks outnumber its cores.
 const SPIN_LOOKS: u32 = 256;
-/// Yields between a waiter's looks whether its core is crowded (a look reads every rank's core
-/// word), and after it moved (the others' words must catch up). Counted, not timed: a clock read
-/// per yield cost a 4-byte allreduce 0.05-0.1 us. A rank of a 4-byte allreduce yields about once
-/// per operation, every 2 us on 2 cores: a look every half millisecond or so.
-const SPREAD_EVERY: u32 = 256;
-const SPREAD_SETTLE: u32 = 4096;
-
 /// Bytes of a board for `n` ranks: a control line (magic, futex word, sleepers), a line per
 /// rank (the core it last ran on, then per slot index the last turn + 1 it folded), then the slots.
 fn board_bytes(n: u32) -> usize {
     LINE + n as usize * LINE + n as usize * TURNS as usize * SLOT
-}
-
-/// The core this thread runs on now (u32::MAX when unknown).
-fn here() -> u32 {
-    // SAFETY: no arguments; reads the current CPU (vDSO or rseq, no system call on Linux).
-    u32::try_from(unsafe { libc::sched_getcpu() }).unwrap_or(u32::MAX)
-}
-
-/// A thread's CPU affinity mask.
-struct CpuSet(libc::cpu_set_t);
-
-impl CpuSet {
-    fn of_this_thread() -> Option<CpuSet> {
-        // SAFETY: a zeroed cpu_set_t is an empty set; the kernel fills it (size given).
-        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `set` is a writable cpu_set_t of the size given.
-        let ok = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } == 0;
-        ok.then_some(CpuSet(set))
-    }
-    fn just(cpu: u32) -> CpuSet {
-        // SAFETY: as above.
-        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        // SAFETY: sets one bit of `set`; `cpu` comes from another set, so it is below CPU_SETSIZE.
-        unsafe { libc::CPU_SET(cpu as usize, &mut set) };
-        CpuSet(set)
-    }
-    fn cpus(&self) -> impl Iterator<Item = u32> + '_ {
-        // SAFETY: reads one bit of the set, below CPU_SETSIZE.
-        (0..libc::CPU_SETSIZE as u32).filter(|&c| unsafe { libc::CPU_ISSET(c as usize, &self.0) })
-    }
-    /// Sets this thread's affinity (the kernel moves it at once when it runs elsewhere).
-    fn apply(&self) -> bool {
-        // SAFETY: a valid cpu_set_t of the size given, read by the kernel.
-        unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.0) == 0 }
-    }
 }
 
 /// One communicator's board, mapped by each of its ranks.
@@ -102,8 +61,8 @@ pub(crate) struct Board {
     /// index). They only grow, so a value seen here is still true: a writer reads a rank's line
     /// again (a cache miss on the critical path) only when what it saw last is not enough.
     known: Box<[AtomicU64]>,
-    /// Yields of this rank's waits until it looks again whether its core is crowded.
-    spread_in: AtomicU32,
+    /// When this rank's waits look again whether its core is crowded.
+    spread_in: Countdown,
 }
 
 // SAFETY: the mapping is shared memory accessed through atomics and through slots whose
@@ -152,7 +111,7 @@ impl Board {
 
     fn new(seg: Segment, n: u32, me: u32, wait: Wait) -> Board {
         let known = (0..n as usize * TURNS as usize).map(|_| AtomicU64::new(0)).collect();
-        Board { seg, n, me, wait, known, spread_in: AtomicU32::new(0) }
+        Board { seg, n, me, wait, known, spread_in: Countdown::default() }
     }
 
     fn at(&self, off: usize) -> *mut u8 {
@@ -261,37 +220,15 @@ impl Board {
         }
     }
 
-    /// Moves this rank off its core when that core holds two of the board's ranks more than
-    /// another core this thread may use, as the ranks' core words say. Linux's balancer can leave
-    /// 4 ranks on 2 cores 3:1 for hundreds of milliseconds, and then every operation costs the
-    /// crowded core two more context switches (a 4-byte allreduce 3.3-5.6 us instead of 2-2.7).
-    /// Only the highest rank on the crowded core moves, and looks every SPREAD_EVERY yields; it
-    /// pins itself to the emptier core for the move and gives its affinity back at once, so
-    /// nothing stays bound (a rank its launcher bound to one core never moves). Returns the
-    /// core it moved to.
+    /// Now and then, moves this rank off a crowded core (see placement.rs). Returns the core
+    /// it moved to.
     fn spread(&self, mine: u32) -> Option<u32> {
-        // Not a read-modify-write: threads of one rank that race here merely look twice.
-        let left = self.spread_in.load(Ordering::Relaxed);
-        if left > 0 {
-            self.spread_in.store(left - 1, Ordering::Relaxed);
+        if !self.spread_in.due() {
             return None;
         }
-        self.spread_in.store(SPREAD_EVERY, Ordering::Relaxed);
-        if mine == u32::MAX {
-            return None;
-        }
-        let on = |cpu: u32| (0..self.n).filter(|&r| self.cpu(r).load(Ordering::Relaxed) == cpu).count();
-        let crowd = on(mine);
-        if crowd < 2 || (self.me + 1..self.n).any(|r| self.cpu(r).load(Ordering::Relaxed) == mine) {
-            return None;
-        }
-        let allowed = CpuSet::of_this_thread()?;
-        let (to, there) = allowed.cpus().filter(|&c| c != mine).map(|c| (c, on(c))).min_by_key(|&(_, k)| k)?;
-        if there + 2 > crowd || !CpuSet::just(to).apply() {
-            return None;
-        }
-        allowed.apply();
-        self.spread_in.store(SPREAD_SETTLE, Ordering::Relaxed);
+        let to =
+            placement::spread(self.me, mine, &|f| (0..self.n).for_each(|r| f(r, self.cpu(r).load(Ordering::Relaxed))))?;
+        self.spread_in.settle();
         self.say_cpu(to);
         Some(to)
     }
@@ -372,80 +309,5 @@ impl Board {
         self.folded(self.me, turn).store(turn + 1, Ordering::Release);
         self.wake();
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A board of 4 ranks for rank `me`, its file unlinked at once (the mapping stays).
-    fn board(me: u32) -> Board {
-        let path = format!("/dev/shm/hccn-board-test-{}-{me}-{:?}", std::process::id(), std::thread::current().id());
-        let board = Board::create(&path, 4, me, Wait::default()).expect("board");
-        std::fs::remove_file(&path).expect("unlink");
-        board
-    }
-
-    fn mask() -> Vec<u32> {
-        CpuSet::of_this_thread().expect("affinity").cpus().collect()
-    }
-
-    /// Confines this test's thread to two of its CPUs (None with one): the one the board's
-    /// words will say it runs on, and the other. `spread` trusts the words, not `here()`.
-    fn two_cpus() -> Option<(u32, u32)> {
-        let cpus = mask();
-        let (&mine, &other) = (cpus.first()?, cpus.get(1)?);
-        let mut set = CpuSet::just(mine);
-        // SAFETY: sets one bit, below CPU_SETSIZE.
-        unsafe { libc::CPU_SET(other as usize, &mut set.0) };
-        assert!(set.apply());
-        Some((mine, other))
-    }
-
-    #[test]
-    fn the_highest_rank_on_a_crowded_core_moves_to_an_emptier_one_and_stays_unbound() {
-        let Some((mine, other)) = two_cpus() else {
-            eprintln!("one CPU only: nothing to spread over");
-            return;
-        };
-        let allowed = mask();
-        // 3:1 as rank 3 sees it: ranks 0, 1 and 3 here, rank 2 elsewhere.
-        let b = board(3);
-        for (r, cpu) in [(0, mine), (1, mine), (2, other), (3, mine)] {
-            b.cpu(r).store(cpu, Ordering::Relaxed);
-        }
-        assert_eq!(b.spread(mine), Some(other), "rank 3 moves");
-        assert_eq!(b.cpu(3).load(Ordering::Relaxed), other, "it says where it went");
-        assert_eq!(mask(), allowed, "the thread's affinity is given back");
-        // Right after a move it does not look again for a while.
-        b.cpu(3).store(mine, Ordering::Relaxed);
-        assert_eq!(b.spread(mine), None);
-    }
-
-    #[test]
-    fn a_rank_stays_when_a_higher_rank_shares_its_core_or_the_cores_are_even() {
-        let Some((mine, other)) = two_cpus() else {
-            eprintln!("one CPU only: nothing to spread over");
-            return;
-        };
-        let allowed = mask();
-        // 3:1, but rank 3 (on the crowded core too) is the one to move.
-        let b = board(1);
-        for (r, cpu) in [(0, mine), (1, mine), (2, other), (3, mine)] {
-            b.cpu(r).store(cpu, Ordering::Relaxed);
-        }
-        assert_eq!(b.spread(mine), None);
-        // 2:2: nobody moves.
-        let b = board(3);
-        for (r, cpu) in [(0, mine), (1, other), (2, other), (3, mine)] {
-            b.cpu(r).store(cpu, Ordering::Relaxed);
-        }
-        assert_eq!(b.spread(mine), None);
-        // Ranks that have not said where they run (a fresh board) do not count as core 0.
-        let b = board(3);
-        b.say_cpu(0);
-        assert_eq!(b.spread(0), None);
-        assert_eq!(mask(), allowed);
     }
 }

@@ -15,6 +15,7 @@ pub(crate) const NEWS_GRACE: std::time::Duration = std::time::Duration::from_sec
 
 mod heartbeat;
 pub(crate) mod linkcost;
+mod placement;
 pub(crate) mod pool;
 pub(crate) mod shm;
 pub(crate) mod tcp;

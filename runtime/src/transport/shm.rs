@@ -25,7 +25,9 @@
 //! sleep on a futex in the shared page (woken by the other side, or after 1 ms to look at the
 //! peer's health). A waiting sender or receiver also drains the other rings into the inbox, so
 //! that ranks blocked on full rings in a cycle can never deadlock: as with TCP, a send always
-//! completes eventually, whatever the receiver is doing.
+//! completes eventually, whatever the receiver is doing. Where the ranks outnumber the cores, a
+//! waiter that yielded says in the rings it produces which core it runs on, and the ranks keep
+//! themselves evenly spread over the cores (placement.rs).
 
 use std::fs::OpenOptions;
 use std::io::{Read, Write};
@@ -36,6 +38,7 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::placement::{self, here, Countdown};
 use super::{Frame, Health, Inbox, Key};
 use crate::config::{Config, Transport, MAX_CHUNK_BYTES};
 use crate::error::{Error, ErrorKind, Result};
@@ -48,10 +51,11 @@ const SLOT_DATA: usize = 64 << 10;
 const SLOT_HEAD: usize = 64;
 const SLOT_BYTES: usize = SLOT_HEAD + SLOT_DATA;
 const SLOTS: u64 = 16;
-/// Ring control block: head, tail, data futex, space futex, CMA acknowledgements, each on its
-/// own cache line, then the states of the descriptors in flight.
+/// Ring control block: head, tail, data futex, space futex, CMA acknowledgements, the core the
+/// producer last ran on, each on its own cache line, then the states of the descriptors in flight.
 const CTRL: usize = CMA_STATES_AT + CMA_STATES as usize * 8;
-const CMA_STATES_AT: usize = 320;
+const CPU_AT: usize = 320;
+const CMA_STATES_AT: usize = 384;
 /// Descriptors in flight whose state the control block can hold: more than a ring's slots plus
 /// the one being read, the most that can be unacknowledged (a descriptor's slot is released just
 /// before it is read).
@@ -199,6 +203,11 @@ impl Ring {
     fn ack_sleepers(&self) -> &AtomicU32 {
         self.word32(276)
     }
+    /// The core the producer last said it runs on (u32::MAX: not yet), when the host's ranks
+    /// outnumber its cores (see placement.rs).
+    fn cpu_word(&self) -> &AtomicU32 {
+        self.word32(CPU_AT)
+    }
     /// Descriptor `n`'s state: `n << 2 | POSTED`, `READING` or `WITHDRAWN`. Both sides change
     /// it with compare-and-swap, so exactly one wins: the reader, which then reads, or the sender
     /// withdrawing it, after which the reader skips it.
@@ -308,18 +317,24 @@ pub(super) fn futex_wake(word: &AtomicU32) {
 /// waiter spins and then sleeps: yielding on a machine loaded by other work can give a whole time
 /// slice away. With more local ranks than cores it does not spin but yields, which runs the rank
 /// it waits for when that one shares its core.
-pub(super) struct Backoff {
+pub(super) struct Backoff<'a> {
     n: u32,
     start: Option<Instant>,
     spin: Duration,
     yields: u32,
     spinning: bool,
+    /// The links whose waiter this is: after each yield it says where it runs and keeps the
+    /// ranks spread (see [`Shm::after_yield`]).
+    links: Option<&'a Shm>,
 }
 
-impl Backoff {
+impl Backoff<'static> {
     pub(super) fn new(w: Wait) -> Self {
-        Backoff { n: 0, start: None, spin: w.spin, yields: w.yields, spinning: !w.spin.is_zero() }
+        Backoff { n: 0, start: None, spin: w.spin, yields: w.yields, spinning: !w.spin.is_zero(), links: None }
     }
+}
+
+impl Backoff<'_> {
     /// True once spinning and yielding are over: the caller should sleep (and drain).
     pub(super) fn snooze(&mut self) -> bool {
         if self.spinning {
@@ -343,6 +358,9 @@ impl Backoff {
         self.n = self.n.saturating_add(1);
         if self.n <= self.yields {
             std::thread::yield_now();
+            if let Some(links) = self.links {
+                links.after_yield();
+            }
             false
         } else {
             true
@@ -586,8 +604,13 @@ impl Sink<'_, '_> {
 /// The shared-memory links of one world, by world rank.
 #[derive(Default)]
 pub(crate) struct Shm {
+    /// This rank's world rank.
+    me: u32,
     peers: Vec<Option<ShmPeer>>,
     wait: Wait,
+    /// The core this rank last said it runs on, in every ring it produces.
+    said: AtomicU32,
+    spread_in: Countdown,
 }
 
 enum Polled {
@@ -607,7 +630,7 @@ fn header(raw: &[u8; HEADER_LEN], src: u32) -> Result<FrameHeader> {
 }
 
 impl Shm {
-    pub fn new(peers: Vec<Option<ShmPeer>>) -> Shm {
+    pub fn new(me: u32, peers: Vec<Option<ShmPeer>>) -> Shm {
         let local = 1 + peers.iter().filter(|p| p.is_some()).count();
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         // Spinning only pays when every local rank has a core of its own.
@@ -616,7 +639,40 @@ impl Shm {
         } else {
             Wait { spin: Duration::ZERO, yields: OVERSUBSCRIBED_YIELDS }
         };
-        Shm { peers, wait }
+        Shm { me, peers, wait, said: AtomicU32::new(u32::MAX), spread_in: Countdown::default() }
+    }
+
+    fn backoff(&self) -> Backoff<'_> {
+        Backoff { links: Some(self), ..Backoff::new(self.wait) }
+    }
+
+    /// After a waiter yielded (the host's ranks outnumber its cores): says in its rings where
+    /// this rank runs now (a write per local peer, only on a change), and now and then moves it
+    /// off a crowded core (placement.rs).
+    fn after_yield(&self) {
+        let mine = here();
+        self.say_cpu(mine);
+        if !self.spread_in.due() {
+            return;
+        }
+        let cores = |f: &mut dyn FnMut(u32, u32)| {
+            f(self.me, mine);
+            for (rank, p) in self.peers.iter().enumerate() {
+                if let Some(p) = p {
+                    f(rank as u32, p.rx.cpu_word().load(Ordering::Relaxed));
+                }
+            }
+        };
+        if let Some(to) = placement::spread(self.me, mine, &cores) {
+            self.spread_in.settle();
+            self.say_cpu(to);
+        }
+    }
+
+    fn say_cpu(&self, cpu: u32) {
+        if self.said.swap(cpu, Ordering::Relaxed) != cpu {
+            self.peers.iter().flatten().for_each(|p| p.tx.cpu_word().store(cpu, Ordering::Relaxed));
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -704,7 +760,7 @@ impl Shm {
         let mut n = ring.head().load(Ordering::Relaxed);
         let mut off = 0usize;
         let mut deadline: Option<Instant> = None;
-        let mut backoff = Backoff::new(self.wait);
+        let mut backoff = self.backoff();
         let mut gen = inbox.generation();
         loop {
             if n - tx.tail >= SLOTS {
@@ -772,7 +828,7 @@ impl Shm {
         let Some(p) = self.peer(dst) else { return Err(Error::internal(format!("no shared memory to {dst}"))) };
         let ring = &p.tx;
         let deadline = Instant::now() + timeout;
-        let mut backoff = Backoff::new(self.wait);
+        let mut backoff = self.backoff();
         let mut gen = u64::MAX;
         loop {
             if ring.cma_done().load(Ordering::Acquire) > index {
@@ -825,7 +881,7 @@ impl Shm {
             return;
         }
         // Being read, or finished (its state may already belong to a later descriptor).
-        let mut backoff = Backoff::new(self.wait);
+        let mut backoff = self.backoff();
         let deadline = Instant::now() + timeout;
         loop {
             if ring.cma_done().load(Ordering::SeqCst) > index {
@@ -858,7 +914,7 @@ impl Shm {
         let Some(p) = self.peer(key.src) else { return Err(Error::internal("no shared memory to that rank")) };
         let deadline = Instant::now() + timeout;
         let mut gen = u64::MAX;
-        let mut backoff = Backoff::new(self.wait);
+        let mut backoff = self.backoff();
         let mut ended: Option<Error> = None;
         let mut withdrawn: Option<Instant> = None;
         let mut left_at: Option<Instant> = None;
@@ -986,7 +1042,7 @@ impl Shm {
         let mut off = len;
         ring.release(t);
         t += 1;
-        let mut backoff = Backoff::new(self.wait);
+        let mut backoff = self.backoff();
         while off < total {
             if !ring.ready(t, Ordering::Acquire) {
                 if backoff.snooze() {
@@ -1291,6 +1347,14 @@ fn cma_offer(m: &[u8; 21]) -> (Option<i32>, u64, u64) {
     (pid, word(5), word(13))
 }
 
+/// Marks a new segment's rings as produced by ranks that have not said where they run yet (0
+/// would read as core 0).
+fn unsaid(seg: &Segment) {
+    for base in [seg.ptr, seg.ptr.wrapping_add(RING_BYTES)] {
+        Ring { base }.cpu_word().store(u32::MAX, Ordering::Relaxed);
+    }
+}
+
 fn offer(sock: &mut TcpStream, me: u32, peer: u32, mesh: u64) -> Result<Option<ShmPeer>> {
     let io = |what: &'static str| hs_err(peer, what);
     let path = format!("/dev/shm/hccn-{mesh:016x}-{}-{me}-{peer}", std::process::id());
@@ -1303,7 +1367,10 @@ fn offer(sock: &mut TcpStream, me: u32, peer: u32, mesh: u64) -> Result<Option<S
         .and_then(|f| f.set_len(SEG_BYTES as u64).map(|_| f))
         .and_then(|f| Segment::map(&f, SEG_BYTES));
     let seg = match made {
-        Ok(s) => Some(s),
+        Ok(s) => {
+            unsaid(&s);
+            Some(s)
+        }
         Err(e) => {
             tracing::warn!(peer, "no shared memory ({path}: {e}); using TCP");
             let _ = std::fs::remove_file(&path);
@@ -1416,12 +1483,13 @@ mod tests {
         f.set_len(SEG_BYTES as u64).expect("size");
         let (a, b) = (Segment::map(&f, SEG_BYTES).expect("map"), Segment::map(&f, SEG_BYTES).expect("map"));
         let _ = std::fs::remove_file(&path);
+        unsaid(&a);
         let me = std::process::id() as i32;
         let mut a = ShmPeer::new(a, true);
         let mut b = ShmPeer::new(b, false);
         a.cma_pid = send_cma.then_some(me);
         b.cma_pid = recv_cma.then_some(me);
-        (Shm::new(vec![None, Some(a)]), Shm::new(vec![Some(b), None]))
+        (Shm::new(0, vec![None, Some(a)]), Shm::new(1, vec![Some(b), None]))
     }
 
     fn hdr(seq: u64, len: usize) -> FrameHeader {
@@ -1443,6 +1511,17 @@ mod tests {
         let mut sink = Sink { check: &mut check, out: Out::Pieces(&mut piece), expect: usize::MAX };
         shm.recv(k, inbox, Duration::from_secs(2), &|_| None, &mut sink)?;
         Ok(out)
+    }
+
+    #[test]
+    fn each_side_says_where_it_runs_in_the_ring_it_produces() {
+        let (a, b) = pair(false, true);
+        let seen_by = |s: &Shm, peer: u32| s.peer(peer).expect("peer").rx.cpu_word().load(Ordering::Relaxed);
+        assert_eq!((seen_by(&a, 1), seen_by(&b, 0)), (u32::MAX, u32::MAX), "nothing said yet");
+        a.say_cpu(1);
+        assert_eq!((seen_by(&a, 1), seen_by(&b, 0)), (u32::MAX, 1));
+        b.say_cpu(0);
+        assert_eq!((seen_by(&a, 1), seen_by(&b, 0)), (0, 1));
     }
 
     #[test]

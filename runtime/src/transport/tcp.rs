@@ -726,7 +726,7 @@ pub(crate) fn connect_mesh(
         links[peer as usize] = Some(start_link(sock, peer, &inbox, cfg)?);
     }
     let mut net = Net::new(rank, links, inbox, cfg);
-    net.shm = shm::Shm::new(local);
+    net.shm = shm::Shm::new(rank, local);
     net.hosts = hosts;
     Ok(net)
 }
