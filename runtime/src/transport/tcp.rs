@@ -409,8 +409,12 @@ struct Reader {
 }
 
 /// How long a reader that stands aside for polling receives sleeps before it looks again (a
-/// receive that stops polling without its frame wakes it at once).
+/// receive that stops polling without its frame wakes it at once). Unit tests nap longer than
+/// their receives wait, so that a receive the reader never hears of fails instead of being late.
+#[cfg(not(test))]
 const ASIDE_NAP: Duration = Duration::from_millis(20);
+#[cfg(test)]
+const ASIDE_NAP: Duration = Duration::from_secs(30);
 
 fn reader_loop(sock: TcpStream, r: Reader) {
     let Reader { peer, inbox, closing, heard, reading, polled, skip } = r;
@@ -966,6 +970,36 @@ mod tests {
         let f = inbox.take(key(1), cfg.timeout, &|_| None, &|b, r| link.poll(b, r, true, None)).expect("next frame");
         assert_eq!(&f.payload[..], &b"after the abandoned frame"[..]);
         assert!(buf[50_000..].iter().all(|&b| b == 0), "the buffer was written after the receive gave up");
+        drop(writer.join().expect("writer"));
+        link.close(false);
+    }
+
+    #[test]
+    fn a_receive_whose_last_poll_saw_another_change_still_gets_its_frame_from_the_reader() {
+        // The receive polls (the reader stands aside and naps), its last poll ends on some other
+        // change in the inbox, and its own frame comes only after it went to sleep: the reader
+        // must be awake to take it.
+        let (tx, inbox, link, _) = linked(Duration::from_secs(5));
+        let (go, went) = std::sync::mpsc::channel::<()>();
+        let writer = std::thread::spawn(move || {
+            went.recv().expect("go");
+            std::thread::sleep(Duration::from_millis(100));
+            send_all(&tx, &collective(0, 8).encode(), &[7; 8]).expect("send");
+            tx
+        });
+        let start = Instant::now();
+        let first = std::cell::Cell::new(true);
+        let poll = |budget: Duration, ready: &dyn Fn() -> bool| {
+            if !first.replace(false) {
+                return link.poll(budget, ready, true, None);
+            }
+            // Long enough for the reader to see the poll and nap; ends as if another frame came.
+            link.poll(Duration::from_secs(1), &|| start.elapsed() > Duration::from_millis(200), true, None);
+            go.send(()).expect("go");
+            true
+        };
+        let f = inbox.take(key(0), Duration::from_secs(5), &|_| None, &poll).expect("the frame, from the reader");
+        assert_eq!(f.payload, [7; 8]);
         drop(writer.join().expect("writer"));
         link.close(false);
     }
