@@ -26,6 +26,8 @@ Times one collective over a range of message sizes, like nccl-tests; rank 0 prin
   -f, --stepfactor F   multiply the size by F between steps (default 2)
   -w, --warmup N       untimed iterations per size (default 5)
   -n, --iters N        timed iterations per size (default 20)
+  --reps N             timed runs of those iterations per size, the median reported, each run
+                       timed by its slowest rank (default 1)
   -c, --check          verify the results and count wrong elements
   --root R             root of broadcast and reduce (default 0)
   --algo NAME          allreduce algorithm: auto (the cost model, default: HCCN_ALGO), ring,
@@ -140,6 +142,8 @@ pub struct Options {
     pub step_factor: u64,
     pub warmup: u32,
     pub iters: u32,
+    /// `--reps`: timed runs per size; the median is reported.
+    pub reps: u32,
     pub check: bool,
     pub root: u32,
     /// `--algo`; `None` keeps HCCN_ALGO.
@@ -159,6 +163,7 @@ impl Default for Options {
             step_factor: 2,
             warmup: 5,
             iters: 20,
+            reps: 1,
             check: false,
             root: 0,
             algo: None,
@@ -202,6 +207,7 @@ pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
             "-f" | "--stepfactor" => o.step_factor = args::number(&name, &a.value(&name, inline)?)?,
             "-w" | "--warmup" => o.warmup = args::number(&name, &a.value(&name, inline)?)?,
             "-n" | "--iters" => o.iters = args::number(&name, &a.value(&name, inline)?)?,
+            "--reps" => o.reps = args::number(&name, &a.value(&name, inline)?)?,
             "--root" | "-r" => o.root = args::number(&name, &a.value(&name, inline)?)?,
             "--algo" | "-a" => {
                 let v = a.value(&name, inline)?;
@@ -229,6 +235,9 @@ pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
     }
     if o.iters == 0 {
         return Err(UsageError("at least one timed iteration (-n) is needed".into()));
+    }
+    if o.reps == 0 {
+        return Err(UsageError("at least one timed run (--reps) is needed".into()));
     }
     Ok(Invocation::Run(o))
 }
@@ -354,12 +363,13 @@ fn header(o: &Options, nranks: u32) -> Vec<String> {
             if o.coll.rooted() { o.root.to_string() } else { "-".into() },
         ),
         format!(
-            "# minBytes: {}  maxBytes: {}  step: {}(factor)  warmup iters: {}  iters: {}  validation: {}",
+            "# minBytes: {}  maxBytes: {}  step: {}(factor)  warmup iters: {}  iters: {}  reps: {}  validation: {}",
             o.min_bytes,
             o.max_bytes,
             o.step_factor,
             o.warmup,
             o.iters,
+            o.reps,
             u8::from(o.check)
         ),
         "#".into(),
@@ -408,13 +418,18 @@ fn run(o: &Options) -> Result<bool, String> {
         for _ in 0..o.warmup {
             step.run(o, &comm).map_err(|e| failed(&what, e))?;
         }
-        barrier(&comm).map_err(|e| failed(&format!("barrier before {what}"), e))?;
-        let t0 = Instant::now();
-        for _ in 0..o.iters {
-            step.run(o, &comm).map_err(|e| failed(&what, e))?;
+        let mut runs = Vec::with_capacity(o.reps as usize);
+        for _ in 0..o.reps {
+            barrier(&comm).map_err(|e| failed(&format!("barrier before {what}"), e))?;
+            let t0 = Instant::now();
+            for _ in 0..o.iters {
+                step.run(o, &comm).map_err(|e| failed(&what, e))?;
+            }
+            let local_us = t0.elapsed().as_secs_f64() * 1e6 / f64::from(o.iters);
+            runs.push(max_over_ranks(&comm, local_us).map_err(|e| failed("time reduction", e))?);
         }
-        let local_us = t0.elapsed().as_secs_f64() * 1e6 / f64::from(o.iters);
-        let us = max_over_ranks(&comm, local_us).map_err(|e| failed("time reduction", e))?;
+        runs.sort_by(f64::total_cmp);
+        let us = runs[runs.len() / 2];
         let wrong = if o.check {
             let mine = checker.wrong(&step.recv, layout.count as usize);
             Some(sum_over_ranks(&comm, mine).map_err(|e| failed("wrong-count reduction", e))?)
@@ -502,6 +517,9 @@ mod tests {
         assert!(p(&["-b", "1M", "-e", "1K"]).is_err());
         assert!(p(&["-f", "1"]).is_err());
         assert!(p(&["-n", "0"]).is_err());
+        assert!(p(&["--reps", "0"]).is_err());
+        let Ok(Invocation::Run(o)) = p(&["--reps", "3", "-r", "2"]) else { panic!("not parsed") };
+        assert_eq!((o.reps, o.root, Options::default().reps), (3, 2, 1));
         assert!(p(&["stray"]).is_err());
         assert_eq!(p(&["-h"]), Ok(Invocation::Help));
         let Ok(Invocation::Run(o)) = p(&["--algo", "rhd"]) else { panic!("not parsed") };
