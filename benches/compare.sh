@@ -94,7 +94,7 @@ for n in 2 4; do
     } >"$out/hccn-reg-np$n.txt" 2>"$out/hccn-reg-np$n.err" || log "hccn -R with $n ranks failed: $(tail -3 "$out/hccn-reg-np$n.err")"
     log "hccn over TCP only (HCCN_TRANSPORT=tcp), $n ranks"
     {
-        HCCN_TRANSPORT=tcp "$bin/hccnrun" -n "$n" "$bin/hccn-perf" -b 4 -e 64K -f 4 -w 100 -n 1000 --reps 3
+        HCCN_TRANSPORT=tcp "$bin/hccnrun" -n "$n" "$bin/hccn-perf" -b 4 -e 64K -f 4 -w 1000 -n 3000 --reps 3
         HCCN_TRANSPORT=tcp "$bin/hccnrun" -n "$n" "$bin/hccn-perf" -b 256K -e 4M -f 4 -w 3 -n 10 --reps 3
         if ((max >= 16 << 20)); then
             HCCN_TRANSPORT=tcp "$bin/hccnrun" -n "$n" "$bin/hccn-perf" -b 16M -e "$max" -f 4 -w 1 -n 3 --reps 3
