@@ -439,8 +439,8 @@ impl Inbox {
             // receives poll (TcpLink::poll), and only a poll that ends without a frame wakes it.
             // After a last poll that did see a change (another frame), the reader would sleep on
             // until its nap ends while this receive waits for it: 16 ms stalls in a 4-rank TCP
-            // allreduce of 256 KiB.
-            // The loop then looks at the inbox again under the lock before it sleeps.
+            // allreduce of 256 KiB. The loop then looks at the inbox again under the lock before
+            // it sleeps.
             if !looked_last {
                 let seen = self.generation();
                 drop(st);

@@ -71,7 +71,9 @@ pub(super) fn spread(me: u32, mine: u32, cores: Said<'_>) -> Option<u32> {
     if there + 2 > crowd || !CpuSet::just(to).apply() {
         return None;
     }
-    allowed.apply();
+    if !allowed.apply() {
+        tracing::warn!(cpu = to, "could not give this thread its CPU affinity back after moving it");
+    }
     Some(to)
 }
 
