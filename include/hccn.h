@@ -33,6 +33,8 @@ typedef enum hccn_result {
   HCCN_ERROR_AUTH = 104,
   HCCN_ERROR_STORE = 105,
   HCCN_ERROR_STALE_EPOCH = 106,
+  HCCN_ERROR_MISMATCH = 107,
+  HCCN_ERROR_BUSY = 108,
 } hccn_result;
 
 /* Same numbers as HcclDataType. */

@@ -9,19 +9,10 @@ use crate::types::{hccn_comm, hccn_result, hccn_unique_id, HCCN_SUCCESS};
 
 pub(crate) static COMMS: Table<CommHandle> = Table::new("communicator");
 
+/// A program that exits without destroying its communicators is a failure to its peers, as a
+/// crash is: they learn it from the closed connections at once (API.md: destroy to leave).
 fn register(out: *mut *mut hccn_comm, comm: CommHandle) {
-    static HOOK: std::sync::Once = std::sync::Once::new();
-    // SAFETY: registers a plain extern "C" function with no arguments.
-    HOOK.call_once(|| unsafe {
-        libc::atexit(farewell_at_exit);
-    });
     write(out, COMMS.insert(comm));
-}
-
-/// A program that exits without destroying its communicators has still finished on purpose:
-/// tell the peers, so a slower rank completes its last operation instead of seeing this rank fail.
-extern "C" fn farewell_at_exit() {
-    let _ = std::panic::catch_unwind(|| COMMS.try_for_each(|c| c.farewell()));
 }
 
 /// Creates an id on this rank (and the store it leads to); share its bytes out of band.

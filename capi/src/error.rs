@@ -5,7 +5,9 @@ use std::ffi::{c_char, CString};
 
 use hccn_runtime::Error;
 
-use crate::types::{hccn_result, result_of, RESULTS};
+use hccn_runtime::error::RESULT_CODES;
+
+use crate::types::{hccn_result, result_of};
 
 thread_local! {
     static LAST: RefCell<CString> = RefCell::new(CString::default());
@@ -29,7 +31,8 @@ pub(crate) fn last_ptr() -> *const c_char {
 /// A static, NUL-terminated description of `code`.
 pub(crate) fn describe(code: hccn_result) -> &'static std::ffi::CStr {
     static STRINGS: std::sync::OnceLock<Vec<(u32, CString)>> = std::sync::OnceLock::new();
-    let table = STRINGS
-        .get_or_init(|| RESULTS.iter().map(|(_, v, text)| (*v, CString::new(*text).unwrap_or_default())).collect());
+    let table = STRINGS.get_or_init(|| {
+        RESULT_CODES.iter().map(|(_, _, v, text)| (*v, CString::new(*text).unwrap_or_default())).collect()
+    });
     table.iter().find(|(v, _)| *v == code).map(|(_, s)| s.as_c_str()).unwrap_or(c"unknown hccn_result code")
 }

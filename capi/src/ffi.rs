@@ -67,13 +67,6 @@ impl<T> Table<T> {
             .ok_or_else(|| Error::invalid(format!("{arg} is not a live {} (destroyed, or never created)", self.kind)))
     }
 
-    /// Calls `f` on every live object, unless another thread holds the table (at exit).
-    pub fn try_for_each(&self, f: impl Fn(&T)) {
-        if let Ok(g) = self.map.try_lock() {
-            g.iter().flat_map(|m| m.values()).for_each(|v| f(v));
-        }
-    }
-
     pub fn remove<P>(&self, handle: *const P, arg: &str) -> Result<Arc<T>> {
         if handle.is_null() {
             return Err(Error::null(format!("{arg} is NULL")));
@@ -129,12 +122,6 @@ mod tests {
         assert!(t.remove(h, "h").is_err(), "a double destroy is refused");
         // An Arc taken before the destroy stays valid for its holder.
         assert_eq!(kept[2], 3);
-        let seen = std::sync::atomic::AtomicUsize::new(0);
-        let _h2: *mut u8 = t.insert(vec![9]);
-        t.try_for_each(|v| {
-            seen.fetch_add(v.len(), std::sync::atomic::Ordering::SeqCst);
-        });
-        assert_eq!(seen.into_inner(), 1);
     }
 
     #[test]

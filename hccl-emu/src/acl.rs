@@ -99,19 +99,7 @@ pub unsafe extern "C" fn aclInit(_config_path: *const c_char) -> aclError {
         return ACL_ERROR_REPEAT_INITIALIZE;
     }
     hccn_runtime::log::init(&config());
-    // SAFETY: registers a plain extern "C" function with no arguments.
-    unsafe { libc::atexit(farewell_at_exit) };
     ACL_SUCCESS
-}
-
-/// A process that exits has finished its device work: its peers should not see a failure (as
-/// hccn's own exit hook does for the native side).
-extern "C" fn farewell_at_exit() {
-    let _ = std::panic::catch_unwind(|| {
-        for c in crate::hccl::COMMS.all() {
-            c.farewell();
-        }
-    });
 }
 
 #[no_mangle]

@@ -16,7 +16,8 @@ pub enum FrameKind {
     Collective = 1,
     /// Point-to-point; `seq` counts messages from this sender to this receiver.
     P2p = 2,
-    /// The sender is closing the connection on purpose (not a failure).
+    /// The sender is closing the connection on purpose (not a failure); payload: the failures
+    /// it knew of (`transport::news`), so that what made it leave is not lost with it.
     Goodbye = 3,
     /// Agreement among survivors (shrink); `seq` numbers the shrink, `tag` its coordinator.
     Agree = 4,
@@ -24,6 +25,16 @@ pub enum FrameKind {
     Revoke = 5,
     /// The sender is alive (sent every `HCCN_HEARTBEAT_MS`); no payload.
     Heartbeat = 6,
+    /// The sender lost peers (payload: their world ranks, whether each is surely dead, why), so
+    /// that every rank learns of a failure as soon as one sees it (`transport::news`).
+    Suspect = 7,
+    /// The sender declared this rank dead (it was silent) and closes the connection; payload:
+    /// why. A frozen rank that wakes up learns from it that it was left behind.
+    Evict = 8,
+    /// The sender's part of collective `seq` of communicator `comm_id` failed (it left the
+    /// operation, so ranks waiting for it would wait in vain): every rank's operation `seq`
+    /// fails with the same error (payload: `transport::news::encode_abandon`).
+    Abandon = 9,
 }
 
 impl FrameKind {
@@ -35,6 +46,9 @@ impl FrameKind {
             4 => Some(FrameKind::Agree),
             5 => Some(FrameKind::Revoke),
             6 => Some(FrameKind::Heartbeat),
+            7 => Some(FrameKind::Suspect),
+            8 => Some(FrameKind::Evict),
+            9 => Some(FrameKind::Abandon),
             _ => None,
         }
     }

@@ -47,6 +47,8 @@ class Result(enum.IntEnum):
     ERROR_AUTH = 104
     ERROR_STORE = 105
     ERROR_STALE_EPOCH = 106
+    ERROR_MISMATCH = 107
+    ERROR_BUSY = 108
 
 
 class DataType(enum.IntEnum):

@@ -17,9 +17,8 @@ use std::time::Instant;
 
 use super::rhd::RD;
 use super::{Algorithm, Ctx, ReduceArgs, Work};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::transport::board::{Board, Watch, BOARD_BYTES, BOARD_RANKS};
-use crate::transport::NEWS_GRACE;
 
 pub(crate) struct BoardAllreduce;
 
@@ -179,17 +178,7 @@ impl Algorithm for BoardAllreduce {
         let Some((board, turn)) = board else { return RD.reduce(ctx, w) };
         // Taken at the first stall: most operations never stall, and need no clock.
         let mut deadline = None;
-        // Members that left on purpose (ErrorKind::Remote) may have left for a failure that has
-        // not reached this rank yet: give that news a moment, so that every survivor names it.
-        let mut left_at = None;
-        let mut quick = || match ctx.health_error() {
-            None => Ok(()),
-            Some(e) if e.kind() != ErrorKind::Remote => Err(e),
-            Some(e) => match *left_at.get_or_insert_with(Instant::now) {
-                t if t.elapsed() >= NEWS_GRACE => Err(e),
-                _ => Ok(()),
-            },
-        };
+        let mut quick = || ctx.health_error().map_or(Ok(()), Err);
         let mut stalled = || {
             ctx.net().keep_moving();
             if Instant::now() >= *deadline.get_or_insert_with(|| Instant::now() + ctx.timeout()) {
@@ -200,7 +189,8 @@ impl Algorithm for BoardAllreduce {
             }
             Ok(())
         };
-        let mut watch = Watch { quick: &mut quick, stalled: &mut stalled };
+        let left = |waited: &dyn Fn(u32) -> bool| ctx.departed_among(waited);
+        let mut watch = Watch { quick: &mut quick, stalled: &mut stalled, left: &left };
         board.post(turn, w.acc, &mut watch)?;
         board.fold(turn, w.acc, w.dt, w.op, &mut watch)
     }

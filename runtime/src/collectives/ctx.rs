@@ -60,16 +60,28 @@ impl<'a> Ctx<'a> {
         if inbox.troubles() == 0 {
             return None;
         }
-        if let Some(e) = inbox.health(|h| self.comm.status(h)) {
-            return Some(e);
+        inbox.health(|h| self.status(h))
+    }
+
+    /// The error of a wait for the ranks `waited` says, when one of them left (it will never
+    /// send what is waited for); one atomic load while all is well.
+    pub fn departed_among(&self, waited: &dyn Fn(u32) -> bool) -> Option<Error> {
+        let inbox = &self.comm.net.inbox;
+        if inbox.troubles() == 0 {
+            return None;
         }
-        let gone = self.comm.gone_now();
-        (!gone.is_empty()).then(|| {
-            Error::new(
-                ErrorKind::Remote,
-                format!("communicator ranks {gone:?} left while this rank still expected data"),
-            )
+        inbox.health(|h| {
+            self.comm.members.iter().enumerate().find_map(|(r, w)| {
+                let news = h.departed.get(w).filter(|_| waited(r as u32))?;
+                Some(crate::transport::departure(*w, news).context(format!("rank {r}")).with_failed(vec![r as u32]))
+            })
         })
+    }
+
+    /// Why this operation's waits end, if they do: the communicator's state, or another rank
+    /// abandoned this very operation (see [`CommInner::op_status`]).
+    fn status(&self, health: &crate::transport::Health<'_>) -> Option<Error> {
+        self.comm.op_status(health, self.kind, self.seq)
     }
 
     /// The same context with pipeline chunks of at most `bytes` (never above HCCN_CHUNK_BYTES).
@@ -186,7 +198,7 @@ impl<'a> Ctx<'a> {
     pub fn wait_sends(&self, sends: &mut Sends<'_>) -> Result<()> {
         for p in sends.pending.iter_mut() {
             if let Some(index) = p.index {
-                let r = self.comm.net.send_wait(p.dst, index, &|health| self.comm.status(health));
+                let r = self.comm.net.send_wait(p.dst, index, &|health| self.status(health));
                 // Done, or withdrawn by the wait on its way out: nothing is left to withdraw.
                 p.index = None;
                 r.map_err(|e| self.comm.translate(e))?;
@@ -269,7 +281,7 @@ impl<'a> Ctx<'a> {
             Ok(())
         };
         let mut sink = Sink { check: &mut check, out, expect: len };
-        self.comm.net.recv(key, self.comm.timeout, &|health| self.comm.status(health), &mut sink).map_err(|e| {
+        self.comm.net.recv(key, self.comm.timeout, &|health| self.status(health), &mut sink).map_err(|e| {
             if matches!(e.kind(), ErrorKind::StaleEpoch | ErrorKind::Transfer) {
                 e
             } else {

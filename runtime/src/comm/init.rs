@@ -41,7 +41,13 @@ impl Communicator {
         }
         let store = TcpStore::connect(id.store, &id.token, cfg.timeout)?;
         let prefix = format!("uid/{}", hex(&id.nonce));
-        let origin = Origin { store: StoreAddr::Tcp(id.store), token: id.token.to_vec(), prefix, cfg: cfg.clone() };
+        let origin = Origin {
+            store: StoreAddr::Tcp(id.store),
+            durable: false,
+            token: id.token.to_vec(),
+            prefix,
+            cfg: cfg.clone(),
+        };
         Communicator::bootstrap(&store, Arc::new(origin), rank, nranks)
     }
 
@@ -54,8 +60,13 @@ impl Communicator {
         let nth = WORLDS.fetch_add(1, Ordering::SeqCst);
         let store = env.store.connect(&env.job_token, cfg.timeout)?;
         let prefix = format!("job/{}/world{nth}", env.job_id);
-        let origin =
-            Arc::new(Origin { store: env.store.clone(), token: env.job_token.clone(), prefix, cfg: cfg.clone() });
+        let origin = Arc::new(Origin {
+            store: env.store.clone(),
+            durable: true,
+            token: env.job_token.clone(),
+            prefix,
+            cfg: cfg.clone(),
+        });
         // A world that already exists is joined as a replacement, through the join queue.
         match store.get(&join::formed_key(&origin.prefix), Duration::ZERO) {
             Ok(_) => Communicator::join(store.as_ref(), origin),

@@ -9,7 +9,6 @@
 //! a joiner accepts from every lower rank and connects to the joiners after it.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -168,9 +167,8 @@ impl Communicator {
     pub fn rebuild(&self, timeout: Duration) -> Result<Communicator> {
         let c = &self.inner;
         let _span = tracing::info_span!("rebuild", rank = c.rank, epoch = c.epoch).entered();
-        let instance = c.shrink_seq.fetch_add(1, Ordering::SeqCst);
-        let failed = agree::agree(c, instance)?;
-        let small = self.survivors_of(&failed, instance)?;
+        let failed = agree::agree(c).inspect_err(|e| self.note_excluded(e))?;
+        let small = self.survivors_of(&failed).inspect_err(|e| self.note_excluded(e))?;
         let Some(origin) = c.origin.clone() else { return Ok(small) };
         let epoch = small.epoch();
         // The lowest survivor admits the joiners and tells the others, in band.
@@ -220,34 +218,36 @@ fn check_decision(store: &dyn Store, prefix: &str, epoch: u64, decision: &[u8]) 
     }
 }
 
-/// Records a shrink's decision for `small`'s epoch: the lowest survivor writes it, and tells the
-/// others in band whether it could, so that all of them return the same outcome.
+/// Records a shrink's decision for `small`'s epoch in the world's store, or finds the same one
+/// there: each survivor does it for itself (all computed the same bytes, and a broadcast on the
+/// new communicator could fail on a member that died meanwhile, which its next operation will
+/// tell). A different decision already recorded means this rank's group is stale. While the
+/// store cannot be reached the call retries, up to the communicator's timeout.
 pub(crate) fn record_decision(
     small: &Communicator,
     origin: &Origin,
     failed: &[u32],
     joiners: &[(u64, String)],
 ) -> Result<()> {
-    let mut verdict = [0u8; 256];
-    if small.rank() == 0 {
-        let outcome = origin.store.connect(&origin.token, origin.cfg.timeout).and_then(|store| {
-            check_decision(store.as_ref(), &origin.prefix, small.epoch(), &decision(failed, joiners))
-        });
-        if let Err(e) = outcome {
-            verdict[0] = 1;
-            let msg = e.to_string();
-            let n = msg.len().min(verdict.len() - 2);
-            verdict[1] = if e.kind() == ErrorKind::StaleEpoch { 1 } else { 0 };
-            verdict[2..2 + n].copy_from_slice(&msg.as_bytes()[..n]);
+    let deadline = std::time::Instant::now() + origin.cfg.timeout;
+    let bytes = decision(failed, joiners);
+    loop {
+        let outcome = origin
+            .store
+            .connect(&origin.token, origin.cfg.timeout)
+            .and_then(|store| check_decision(store.as_ref(), &origin.prefix, small.epoch(), &bytes));
+        match outcome {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == ErrorKind::StaleEpoch => return Err(e),
+            Err(e) if std::time::Instant::now() >= deadline => {
+                return Err(e.context("shrink: the decision could not be recorded in the store"))
+            }
+            Err(e) => {
+                tracing::warn!("shrink: the store is out of reach, trying again: {e}");
+                std::thread::sleep(Duration::from_millis(200));
+            }
         }
     }
-    broadcast(small, Ptr::from_mut(verdict.as_mut_ptr()), verdict.len() as u64, DataType::Uint8)?;
-    if verdict[0] == 0 {
-        return Ok(());
-    }
-    let msg = String::from_utf8_lossy(&verdict[2..]).trim_end_matches('\0').to_owned();
-    let kind = if verdict[1] == 1 { ErrorKind::StaleEpoch } else { ErrorKind::Store };
-    Err(Error::new(kind, format!("shrink: the decision could not be recorded in the store: {msg}")))
 }
 
 fn broadcast(c: &Communicator, buf: Ptr, count: u64, dt: DataType) -> Result<()> {

@@ -50,7 +50,9 @@ fn publish(weak: Weak<CommInner>, origin: Arc<Origin>) {
         match members.get(r as usize) {
             Some(&world) if r != rank => net.inbox.mark_failed(
                 world,
-                format!("its membership lease in the store expired (process dead or frozen for {ttl} s)"),
+                crate::transport::Fault::cut(format!(
+                    "its membership lease in the store expired (process dead or frozen for {ttl} s)"
+                )),
             ),
             _ => {}
         }

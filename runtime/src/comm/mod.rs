@@ -10,12 +10,13 @@ mod membership;
 mod precheck;
 mod shrink;
 mod typed;
+pub(crate) mod view;
 // What the algorithm selection would do, for tools.
 mod plan;
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::transport::Health;
+use crate::transport::{news, Fault, Health};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -32,11 +33,14 @@ use crate::collectives::{self, Ctx, Op, Work};
 use crate::error::{Error, ErrorKind, Result};
 use crate::stream::Stream;
 use crate::transport::Net;
-use crate::wire::FrameKind;
+use crate::wire::{FrameHeader, FrameKind};
 
 /// Where a world communicator was formed, so that it can admit replacement ranks later.
 pub(crate) struct Origin {
     pub store: crate::rendezvous::StoreAddr,
+    /// The store outlives the ranks (hccnrun's or etcd), unlike a unique id's, which lives in
+    /// one rank's process: membership decisions are recorded there.
+    pub durable: bool,
     pub token: Vec<u8>,
     /// The world's key prefix in the store.
     pub prefix: String,
@@ -57,7 +61,9 @@ pub(crate) struct CommInner {
     p2p_seq: Mutex<(Vec<u64>, Vec<u64>)>,
     group_seq: Mutex<HashMap<Vec<u32>, u64>>,
     split_seq: AtomicU64,
-    shrink_seq: AtomicU64,
+    /// The agreement on the next epoch, kept across calls: a shrink that ran out of time
+    /// continues where it stopped when called again.
+    agreement: Mutex<Option<agree::Agreement>>,
     aborted: AtomicBool,
     async_error: Mutex<Option<Error>>,
     /// Set on world communicators (and what shrink and rebuild make of them).
@@ -107,6 +113,10 @@ fn host_layout(net: &Net, members: &[u32]) -> Option<Vec<u32>> {
         .collect()
 }
 
+/// Marks a mismatch's message when the ranks went separate ways (one to the shared-memory
+/// board, another to messages): no later operation of the communicator can work.
+pub(crate) const BROKEN_MARK: &str = "the communicator is broken";
+
 /// A stable 64-bit id from labelled parts.
 pub(crate) fn derive_id(parts: &[&[u8]]) -> u64 {
     let mut h = Sha256::new();
@@ -150,7 +160,7 @@ impl CommInner {
             p2p_seq: Mutex::new((vec![0; n], vec![0; n])),
             group_seq: Mutex::new(HashMap::new()),
             split_seq: AtomicU64::new(0),
-            shrink_seq: AtomicU64::new(0),
+            agreement: Mutex::new(None),
             aborted: AtomicBool::new(false),
             async_error: Mutex::new(None),
             origin: None,
@@ -184,13 +194,124 @@ impl CommInner {
         self
     }
 
-    /// Failed members, in communicator ranks, from the net's failed world ranks.
-    fn failed_members(&self, failed: &BTreeMap<u32, String>) -> Vec<(u32, String)> {
-        self.members.iter().enumerate().filter_map(|(r, w)| failed.get(w).map(|why| (r as u32, why.clone()))).collect()
+    /// Whether this communicator's membership decisions are recorded in a store that outlives
+    /// its ranks (then the first side of an even split to record its decision goes on).
+    pub(crate) fn store_decides(&self) -> bool {
+        self.origin.as_ref().is_some_and(|o| o.durable)
     }
 
-    /// The error every operation gets now, if any (aborted, revoked, or a member failed).
+    /// What this rank knows of who reaches whom among the members: the ones it lost (surely
+    /// dead, or only cut off from it), the ones that left, and the links others reported lost.
+    pub(crate) fn knowledge(&self) -> view::Knowledge {
+        let mut k = view::Knowledge::default();
+        self.net.inbox.health(|h| {
+            for (r, w) in self.members.iter().enumerate() {
+                let r = r as u32;
+                match h.failed.get(w) {
+                    Some(f) if f.sure => {
+                        k.dead.insert(r);
+                    }
+                    Some(_) => k.cut(self.rank, r),
+                    None if h.departed.contains_key(w) => {
+                        k.dead.insert(r);
+                    }
+                    None => {}
+                }
+            }
+            for ((a, b), _) in h.cuts.iter() {
+                if let (Some(a), Some(b)) = (self.rank_of(*a), self.rank_of(*b)) {
+                    k.cut(a, b);
+                }
+            }
+        });
+        k
+    }
+
+    /// The communicator rank of world rank `world`, if it is a member.
+    fn rank_of(&self, world: u32) -> Option<u32> {
+        self.members.iter().position(|&w| w == world).map(|r| r as u32)
+    }
+
+    /// Members this rank lost, in communicator ranks, with why.
+    fn failed_members(&self, failed: &BTreeMap<u32, Fault>) -> Vec<(u32, String)> {
+        self.members
+            .iter()
+            .enumerate()
+            .filter_map(|(r, w)| failed.get(w).map(|f| (r as u32, f.reason.clone())))
+            .collect()
+    }
+
+    /// Links between members that other ranks lost: (reporter, lost member) in communicator
+    /// ranks, with the reporter's reason.
+    fn cut_members(&self, health: &Health<'_>) -> Vec<(u32, u32, String)> {
+        health
+            .cuts
+            .iter()
+            .filter_map(|((a, b), why)| Some((self.rank_of(*a)?, self.rank_of(*b)?, why.clone())))
+            .collect()
+    }
+
+    /// The error of every wait of the communicator, if any: aborted, revoked, a member failed or
+    /// lost its link to another member. A member that left ends only the waits for it (see
+    /// `Inbox::ended`): what it sent before its goodbye is still delivered, and a rank that
+    /// needed more from it abandons its operation, which tells the others.
     pub fn status(&self, health: &Health<'_>) -> Option<Error> {
+        self.status_of(health, false)
+    }
+
+    /// The error of a wait of operation `seq` (of `kind`), if any: the communicator's, or the
+    /// error of a rank that abandoned this operation (or broke the communicator), in this
+    /// communicator's ranks.
+    pub fn op_status(&self, health: &Health<'_>, kind: FrameKind, seq: u64) -> Option<Error> {
+        if let Some(e) = self.status(health) {
+            return Some(e);
+        }
+        if health.abandoned.is_empty() {
+            return None;
+        }
+        let own = (kind == FrameKind::Collective).then(|| health.abandoned.get(&(self.id, seq))).flatten();
+        let why = own.or_else(|| health.abandoned.iter().find(|(k, a)| k.0 == self.id && a.broken).map(|(_, a)| a))?;
+        let ranks: Vec<u32> = why.ranks.iter().filter_map(|w| self.rank_of(*w)).collect();
+        Some(Error::new(why.kind, why.message.clone()).with_failed(ranks))
+    }
+
+    /// Tells every member that this rank left operation `seq` with `e`, unless another rank
+    /// did first or every member learns of it anyway (a failed member, a revoke, an abort):
+    /// their waits for this rank end at once with the same error, not at their deadlines.
+    pub fn abandon(&self, seq: u64, e: &Error) {
+        if matches!(e.kind(), ErrorKind::RankFailed | ErrorKind::Revoked | ErrorKind::Aborted) {
+            return;
+        }
+        let ranks: Vec<u32> = e.failed_ranks().iter().filter_map(|r| self.members.get(*r as usize).copied()).collect();
+        let why = news::Abandoned {
+            kind: e.kind(),
+            broken: e.kind() == ErrorKind::Mismatch && e.message().contains(BROKEN_MARK),
+            ranks,
+            message: format!("rank {} left this operation: {}", self.rank, e.message()),
+        };
+        if !self.net.inbox.mark_abandoned(self.id, seq, why.clone()) {
+            return;
+        }
+        let payload = news::encode_abandon(&why);
+        let hdr = FrameHeader {
+            kind: FrameKind::Abandon,
+            comm_id: self.id,
+            epoch: self.epoch,
+            seq,
+            tag: 0,
+            len: payload.len() as u64,
+        };
+        for (r, &w) in self.members.iter().enumerate() {
+            if r as u32 != self.rank {
+                let _ = self.net.send(w, &hdr, &payload);
+            }
+        }
+    }
+
+    /// As [`CommInner::status`]; `departures`: count members that left (the communicator's
+    /// state as `async_error` reports it). A departure names the failures the leaver knew of
+    /// among the members when there are some: they are why it left.
+    fn status_of(&self, health: &Health<'_>, departures: bool) -> Option<Error> {
         if self.aborted.load(Ordering::SeqCst) {
             return Some(Error::new(ErrorKind::Aborted, "the communicator was aborted"));
         }
@@ -198,27 +319,70 @@ impl CommInner {
             return Some(Error::new(ErrorKind::Revoked, "the communicator was revoked; shrink or destroy it"));
         }
         let dead = self.failed_members(health.failed);
-        if dead.is_empty() {
-            return None;
+        if !dead.is_empty() {
+            let ranks: Vec<u32> = dead.iter().map(|(r, _)| *r).collect();
+            let detail: Vec<String> = dead.iter().map(|(r, why)| format!("rank {r}: {why}")).collect();
+            return Some(Error::rank_failed(ranks, format!("communicator member failed ({})", detail.join("; "))));
         }
-        let ranks: Vec<u32> = dead.iter().map(|(r, _)| *r).collect();
-        let detail: Vec<String> = dead.iter().map(|(r, why)| format!("rank {r}: {why}")).collect();
-        Some(Error::rank_failed(ranks, format!("communicator member failed ({})", detail.join("; "))))
+        let cuts = self.cut_members(health);
+        if !cuts.is_empty() {
+            let mut ranks: Vec<u32> = cuts.iter().map(|c| c.1).collect();
+            ranks.sort_unstable();
+            ranks.dedup();
+            let detail: Vec<String> = cuts.iter().map(|(a, b, why)| format!("rank {a} lost rank {b}: {why}")).collect();
+            return Some(Error::rank_failed(ranks, format!("members cannot reach each other ({})", detail.join("; "))));
+        }
+        for (r, w) in self.members.iter().enumerate().filter(|_| departures) {
+            let Some(news) = health.departed.get(w) else { continue };
+            let known: Vec<(u32, String)> =
+                news.iter().filter_map(|(x, f)| Some((self.rank_of(*x)?, f.reason.clone()))).collect();
+            if known.is_empty() {
+                return Some(
+                    crate::transport::departure(*w, news).context(format!("rank {r}")).with_failed(vec![r as u32]),
+                );
+            }
+            let ranks: Vec<u32> = known.iter().map(|k| k.0).collect();
+            let detail: Vec<String> = known.iter().map(|(x, why)| format!("rank {x}: {why}")).collect();
+            return Some(Error::rank_failed(
+                ranks,
+                format!("communicator member failed ({}; told by rank {r}, which left)", detail.join("; ")),
+            ));
+        }
+        None
     }
 
-    /// Members that failed or left (destroyed their side), in communicator ranks: neither will
-    /// take part in an agreement.
-    pub(crate) fn gone_now(&self) -> Vec<u32> {
-        let gone = self.net.inbox.gone();
-        self.members.iter().enumerate().filter(|(_, w)| gone.contains(w)).map(|(r, _)| r as u32).collect()
+    /// Members that failed, lost a link to another member, or left, in communicator ranks (what
+    /// `hccn_comm_failed_ranks` reports). A member that left knowing of such failures among the
+    /// members left because of them: they are named, not it, so the blame stays on the cause.
+    pub(crate) fn unhealthy(&self) -> Vec<u32> {
+        self.net.inbox.health(|h| {
+            let mut out: Vec<u32> = self.failed_members(h.failed).into_iter().map(|(r, _)| r).collect();
+            out.extend(self.cut_members(h).into_iter().map(|c| c.1));
+            for (r, w) in self.members.iter().enumerate() {
+                let Some(news) = h.departed.get(w) else { continue };
+                let causes: Vec<u32> = news.iter().filter_map(|(x, _)| self.rank_of(*x)).collect();
+                if causes.is_empty() {
+                    out.push(r as u32);
+                }
+                out.extend(causes);
+            }
+            out.sort_unstable();
+            out.dedup();
+            out
+        })
     }
 
+    /// Whether an operation may start (see [`CommInner::status_of`]).
     fn check_state(&self) -> Result<()> {
+        self.check(false)
+    }
+
+    fn check(&self, departures: bool) -> Result<()> {
         // The common case costs two loads: nothing failed, left or was revoked anywhere.
         if self.net.inbox.troubles() == 0 && !self.aborted.load(Ordering::Relaxed) {
             return Ok(());
         }
-        match self.net.inbox.health(|h| self.status(h)) {
+        match self.net.inbox.health(|h| self.status_of(h, departures)) {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -226,6 +390,7 @@ impl CommInner {
 
     /// Rewrites transport errors in this communicator's terms and remembers the first one.
     pub fn translate(&self, e: Error) -> Error {
+        // Transport errors name world ranks; the communicator's own view names its ranks.
         let e = match e.kind() {
             ErrorKind::RankFailed => self.net.inbox.health(|h| self.status(h)).unwrap_or(e),
             _ => e,
@@ -301,29 +466,20 @@ impl Communicator {
         }
     }
 
-    /// Members whose process died or became unreachable, in this communicator's ranks.
+    /// Members whose process died, left, or became unreachable (from this rank or from another
+    /// member), in this communicator's ranks.
     pub fn failed_ranks(&self) -> Vec<u32> {
-        self.inner.failed_members(&self.net_failed()).into_iter().map(|(r, _)| r).collect()
-    }
-
-    fn net_failed(&self) -> BTreeMap<u32, String> {
-        self.inner.net.inbox.failed()
+        self.inner.unhealthy()
     }
 
     /// The communicator's error state: a failed member, an abort, or the first error an
     /// operation met; `Ok` when healthy.
     pub fn async_error(&self) -> Result<()> {
-        self.inner.check_state()?;
+        self.inner.check(true)?;
         match self.inner.async_error.lock().unwrap_or_else(|p| p.into_inner()).clone() {
             Some(e) => Err(e),
             None => Ok(()),
         }
-    }
-
-    /// Tells the peers that this process is exiting on purpose (it will not send again), so
-    /// that they finish what they can instead of seeing a failed rank. For exit hooks.
-    pub fn farewell(&self) {
-        self.inner.net.farewell();
     }
 
     /// Fails every pending and later operation on this communicator with `Aborted`; when the
@@ -377,7 +533,11 @@ unsafe fn run_settled(
     settle: Option<u64>,
 ) -> Result<()> {
     // SAFETY: the caller's promise, passed on.
-    unsafe { collectives::execute(&Ctx::new(inner, kind, seq).with_turn(turn), work) }?;
+    let r = unsafe { collectives::execute(&Ctx::new(inner, kind, seq).with_turn(turn), work) };
+    if let (Err(e), FrameKind::Collective) = (&r, kind) {
+        inner.abandon(seq, e);
+    }
+    r?;
     match settle {
         // SAFETY: a barrier touches no buffer.
         Some(seq) => unsafe { collectives::execute(&Ctx::new(inner, FrameKind::Collective, seq), &Work::Barrier) },

@@ -22,7 +22,9 @@ impl Communicator {
     /// Members that left on purpose (destroyed their side or exited after a goodbye) and did
     /// not fail, in this communicator's ranks: an operation that still needs them cannot end.
     pub fn departed_ranks(&self) -> Vec<u32> {
-        let failed = self.failed_ranks();
-        self.inner.gone_now().into_iter().filter(|r| !failed.contains(r)).collect()
+        let c = &self.inner;
+        c.net.inbox.health(|h| {
+            c.members.iter().enumerate().filter(|(_, w)| h.departed.contains_key(w)).map(|(r, _)| r as u32).collect()
+        })
     }
 }

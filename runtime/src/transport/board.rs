@@ -72,11 +72,17 @@ unsafe impl Send for Board {}
 unsafe impl Sync for Board {}
 
 /// What a waiter does while it waits: `quick` after each look (cheap health checks), `stalled`
-/// before each sleep (keep other traffic moving, the deadline). Either ends the wait with an error.
+/// before each sleep (keep other traffic moving, the deadline), `left` with which ranks are
+/// waited for (whether one of them left: then it will never post). Each ends the wait with an
+/// error.
 pub(crate) struct Watch<'a> {
     pub quick: &'a mut dyn FnMut() -> Result<()>,
     pub stalled: &'a mut dyn FnMut() -> Result<()>,
+    pub left: &'a LeftAmong<'a>,
 }
+
+/// Given which ranks a wait waits for, the error when one of them left.
+pub(crate) type LeftAmong<'a> = dyn Fn(&dyn Fn(u32) -> bool) -> Option<Error> + 'a;
 
 impl Board {
     /// Creates the board file at `path` (which must not exist) for `n` ranks and maps it.
@@ -174,6 +180,7 @@ impl Board {
         &self,
         ready: &dyn Fn() -> bool,
         needs_core: &dyn Fn(u32) -> bool,
+        waited: &dyn Fn(u32) -> bool,
         watch: &mut Watch<'_>,
     ) -> Result<()> {
         if ready() {
@@ -192,7 +199,11 @@ impl Board {
             if ready() {
                 return Ok(());
             }
-            (watch.quick)()?;
+            let health = (watch.quick)().and_then(|()| (watch.left)(waited).map_or(Ok(()), Err));
+            if let Err(e) = health {
+                // A peer that posted and then left (or died) still counts: its post is there.
+                return if ready() { Ok(()) } else { Err(e) };
+            }
             if cpu_aware && spins < SPIN_LOOKS && !needs_core(mine) {
                 spins += 1;
                 for _ in 0..16 {
@@ -261,7 +272,8 @@ impl Board {
         // passed `before` here.
         let all_folded = || (0..self.n).all(|r| self.has_folded(r, turn, before));
         let free = || self.seq(me, turn).load(Ordering::Acquire) == before && (before == 0 || all_folded());
-        self.wait_until(&free, &|_| true, watch).map_err(|e| {
+        let behind = |r: u32| self.folded(r, turn).load(Ordering::Relaxed) < before;
+        self.wait_until(&free, &|_| true, &behind, watch).map_err(|e| {
             let seq = self.seq(me, turn).load(Ordering::Relaxed);
             let behind: Vec<u32> =
                 (0..self.n).filter(|&r| self.folded(r, turn).load(Ordering::Relaxed) != before).collect();
@@ -291,7 +303,8 @@ impl Board {
                         && self.seq(r, turn).load(Ordering::Relaxed) != turn + 1
                 })
             };
-            self.wait_until(&|| seq.load(Ordering::Acquire) == turn + 1, &needs_core, watch).map_err(|e| {
+            let waited = |r: u32| r == rank;
+            self.wait_until(&|| seq.load(Ordering::Acquire) == turn + 1, &needs_core, &waited, watch).map_err(|e| {
                 let held = seq.load(Ordering::Relaxed);
                 e.context(format!("board turn {turn}: rank {rank} has not posted (its slot holds turn {held} - 1)"))
             })?;

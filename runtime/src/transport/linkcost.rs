@@ -223,7 +223,9 @@ impl Probe<'_> {
             }
         };
         let status = |h: &Health<'_>| {
-            h.failed.get(&from).map(|why| Error::rank_failed(vec![from], format!("world rank {from} failed: {why}")))
+            h.failed
+                .get(&from)
+                .map(|f| Error::rank_failed(vec![from], format!("world rank {from} failed: {}", f.reason)))
         };
         self.net.recv(
             key,

@@ -7,27 +7,28 @@
 
 pub(crate) mod board;
 
-/// How long a waiter whose peer gave up (withdrew its data, or left on purpose) waits to learn
-/// why before that is its error: a failed member or a revoke reaches every rank within the
-/// heartbeat's dead-after time, and every rank of an operation that failed for a member's death
-/// should name that member, whichever news came first.
-pub(crate) const NEWS_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long a receiver whose sender withdrew its data (its operation failed) waits to learn
+/// why before that is its error: whatever failed the sender's operation (a lost member, a
+/// revoke, a mismatch) is told to every rank at once, on the control connections.
+pub(crate) const WITHDRAW_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
 
 mod heartbeat;
 pub(crate) mod linkcost;
+pub(crate) mod news;
 mod placement;
 pub(crate) mod pool;
 pub(crate) mod shm;
 pub(crate) mod tcp;
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::wire::{FrameHeader, FrameKind};
+pub(crate) use news::Fault;
 
 /// How long a thread that waits for a TCP frame (the receive, in the inbox; the link's reader,
 /// at its socket) polls, yielding between looks, before it sleeps in the kernel. A sleeping
@@ -54,10 +55,12 @@ pub(crate) fn poll_yielding(budget: Duration, mut ready: impl FnMut() -> bool) -
 pub(crate) trait Link: Send + Sync {
     /// Writes one frame; an error means the peer is unreachable.
     fn send(&self, hdr: &FrameHeader, payload: &[u8]) -> std::io::Result<()>;
-    /// Closes the connection; `graceful` says goodbye first so the peer does not see a failure.
-    fn close(&self, graceful: bool);
-    /// Says goodbye without closing (the process is exiting); skipped if a send is in progress.
-    fn farewell(&self);
+    /// Closes the connection; with a goodbye (carrying the news given), so that the peer sees a
+    /// departure, not a failure.
+    fn close(&self, goodbye: Option<&[u8]>);
+    /// Sends a control frame (suspicions, an eviction) unless that would wait for another
+    /// thread's frame or a full socket; false when not sent (try again later).
+    fn control(&self, hdr: &FrameHeader, payload: &[u8]) -> bool;
     /// Sends a heartbeat unless that would wait (a busy link proves life by itself).
     fn heartbeat(&self);
     /// Time since the last frame arrived from the peer.
@@ -113,12 +116,18 @@ struct InboxState {
     /// Emptied queues kept for the next keys: every operation has keys of its own, and a fresh
     /// queue allocates at its first frame.
     spare: Vec<VecDeque<Frame>>,
-    /// World ranks whose connection broke, with the reason.
-    failed: BTreeMap<u32, String>,
-    /// World ranks that closed their side on purpose.
-    departed: BTreeSet<u32>,
+    /// World ranks this rank lost, with why.
+    failed: BTreeMap<u32, Fault>,
+    /// World ranks that closed their side on purpose, with the failures they knew of then.
+    departed: BTreeMap<u32, Vec<(u32, Fault)>>,
+    /// Links other ranks lost: (reporter, lost peer) in world ranks, with the reporter's reason.
+    cuts: BTreeMap<(u32, u32), String>,
+    /// This rank's own losses not yet told to the peers (see `Inbox::announcements`).
+    unannounced: Vec<(u32, Fault)>,
     /// Communicators revoked here or by a peer.
     revoked: HashSet<u64>,
+    /// Collectives (communicator id, sequence number) that some rank left, with the error it got.
+    abandoned: HashMap<(u64, u64), news::Abandoned>,
     /// Frames whose sender withdrew one of them (its operation failed): the rest of them is
     /// dropped, so that no receive takes a later frame for the withdrawn one.
     given_up: HashSet<Key>,
@@ -150,8 +159,23 @@ impl InboxState {
 
 /// What a waiter may consult to decide that its wait is over.
 pub(crate) struct Health<'a> {
-    pub failed: &'a BTreeMap<u32, String>,
+    pub failed: &'a BTreeMap<u32, Fault>,
+    pub departed: &'a BTreeMap<u32, Vec<(u32, Fault)>>,
+    pub cuts: &'a BTreeMap<(u32, u32), String>,
     pub revoked: &'a HashSet<u64>,
+    pub abandoned: &'a HashMap<(u64, u64), news::Abandoned>,
+}
+
+impl InboxState {
+    fn health(&self) -> Health<'_> {
+        Health {
+            failed: &self.failed,
+            departed: &self.departed,
+            cuts: &self.cuts,
+            revoked: &self.revoked,
+            abandoned: &self.abandoned,
+        }
+    }
 }
 
 /// Frames that have arrived but not yet been received, and what is known of peers' health.
@@ -170,6 +194,18 @@ pub(crate) struct Inbox {
     /// them only when there are some (a notify is a system call even when nobody waits, and a
     /// receive usually polls for its frame instead of sleeping).
     sleepers: std::sync::atomic::AtomicU32,
+    /// Woken when this rank loses a peer, to tell the others (see `heartbeat.rs`).
+    announcer: Mutex<Option<std::thread::Thread>>,
+}
+
+/// The error of a wait that needed world rank `rank`, which left on purpose knowing of `news`.
+pub(crate) fn departure(rank: u32, news: &[(u32, Fault)]) -> Error {
+    let mut msg = format!("world rank {rank} left (it destroyed its communicator) while this rank still needed it");
+    if !news.is_empty() {
+        let known: Vec<String> = news.iter().map(|(r, f)| format!("world rank {r}: {}", f.reason)).collect();
+        msg.push_str(&format!("; it had lost {}", known.join("; ")));
+    }
+    Error::new(ErrorKind::Remote, msg).with_failed(vec![rank])
 }
 
 impl Inbox {
@@ -244,38 +280,80 @@ impl Inbox {
     /// Why a send to `dst` can never complete, if it cannot.
     pub fn peer_gone(&self, dst: u32) -> Option<Error> {
         let st = self.lock();
-        if let Some(reason) = st.failed.get(&dst) {
-            return Some(Error::rank_failed(vec![dst], format!("world rank {dst} failed: {reason}")));
+        if let Some(f) = st.failed.get(&dst) {
+            return Some(Error::rank_failed(vec![dst], format!("world rank {dst} failed: {}", f.reason)));
         }
-        st.departed.contains(&dst).then(|| {
-            Error::new(ErrorKind::Remote, format!("world rank {dst} closed its connection while this rank still sent"))
-        })
+        st.departed.get(&dst).map(|news| departure(dst, news))
     }
 
     /// Why a wait for a frame from `src` is over without it (the communicator's error, or `src`
     /// left), if it is.
     pub fn ended(&self, src: u32, status: &dyn Fn(&Health<'_>) -> Option<Error>) -> Option<Error> {
         let st = self.lock();
-        if let Some(e) = status(&Health { failed: &st.failed, revoked: &st.revoked }) {
+        if let Some(e) = status(&st.health()) {
             return Some(e);
         }
-        st.departed.contains(&src).then(|| {
-            Error::new(
-                ErrorKind::Remote,
-                format!("world rank {src} closed its connection while this rank still expected data"),
-            )
-        })
+        st.departed.get(&src).map(|news| departure(src, news))
     }
 
-    pub fn mark_failed(&self, rank: u32, reason: String) {
+    /// Records that this rank lost world rank `rank`, to be told to every peer (see
+    /// [`Inbox::announcements`]). The first fault recorded for a rank stays.
+    pub fn mark_failed(&self, rank: u32, fault: Fault) {
         let mut st = self.lock();
-        if !st.departed.contains(&rank) && !st.failed.contains_key(&rank) {
-            tracing::warn!(rank, "peer failed: {reason}");
-            st.failed.insert(rank, reason);
+        if !st.departed.contains_key(&rank) && !st.failed.contains_key(&rank) {
+            tracing::warn!(rank, sure = fault.sure, "peer failed: {}", fault.reason);
+            st.failed.insert(rank, fault.clone());
+            st.unannounced.push((rank, fault));
         }
         drop(st);
         self.trouble();
         self.changed.notify_all();
+        self.wake_announcer();
+    }
+
+    /// Records what world rank `reporter` told of its own losses: each lost peer's link to it is
+    /// cut. A lost peer whose process is surely gone is this rank's loss too (a dead process
+    /// closes every connection: this rank's own link says so in a moment; the report only
+    /// comes first).
+    pub fn note_suspects(&self, reporter: u32, faults: Vec<(u32, Fault)>) {
+        let mut st = self.lock();
+        for (lost, f) in faults {
+            if lost != reporter {
+                st.cuts.entry((reporter, lost)).or_insert_with(|| f.reason.clone());
+            }
+        }
+        drop(st);
+        self.trouble();
+        self.changed.notify_all();
+    }
+
+    /// This rank's losses not yet told to the peers; each is returned once.
+    pub fn announcements(&self) -> Vec<(u32, Fault)> {
+        std::mem::take(&mut self.lock().unannounced)
+    }
+
+    /// Every loss known here: this rank's own, and the peers others reported lost (what a
+    /// goodbye carries, so that the ranks still waiting learn why this one leaves).
+    pub fn losses(&self) -> Vec<(u32, Fault)> {
+        let st = self.lock();
+        let mut out: Vec<(u32, Fault)> = st.failed.iter().map(|(r, f)| (*r, f.clone())).collect();
+        for ((by, lost), why) in &st.cuts {
+            if !st.failed.contains_key(lost) && !out.iter().any(|(r, _)| r == lost) {
+                out.push((*lost, Fault::cut(format!("world rank {by} lost it: {why}"))));
+            }
+        }
+        out
+    }
+
+    /// The thread that tells peers of this rank's losses (see `heartbeat.rs`).
+    pub fn set_announcer(&self, thread: std::thread::Thread) {
+        *self.announcer.lock().unwrap_or_else(|p| p.into_inner()) = Some(thread);
+    }
+
+    fn wake_announcer(&self) {
+        if let Some(t) = self.announcer.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            t.unpark();
+        }
     }
 
     pub fn revoke(&self, comm_id: u64) {
@@ -284,8 +362,47 @@ impl Inbox {
         self.changed.notify_all();
     }
 
-    pub fn mark_departed(&self, rank: u32) {
-        self.lock().departed.insert(rank);
+    /// Records that collective `seq` of communicator `comm_id` was left by some rank (this one
+    /// or, told by an `Abandon` frame, another): every wait of it ends with that error. False
+    /// when it was known already.
+    pub fn mark_abandoned(&self, comm_id: u64, seq: u64, why: news::Abandoned) -> bool {
+        let fresh = match self.lock().abandoned.entry((comm_id, seq)) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(why);
+                true
+            }
+        };
+        if fresh {
+            self.trouble();
+            self.changed.notify_all();
+        }
+        fresh
+    }
+
+    /// An `Abandon` frame from world rank `peer` (see `wire::FrameKind::Abandon`).
+    pub fn note_abandon(&self, peer: u32, hdr: FrameHeader, payload: &[u8]) {
+        match news::decode_abandon(payload) {
+            Some(why) => {
+                tracing::debug!(peer, comm = hdr.comm_id, seq = hdr.seq, "operation abandoned: {}", why.message);
+                self.mark_abandoned(hdr.comm_id, hdr.seq, why);
+            }
+            None => tracing::warn!(peer, "ignored a malformed abandon frame"),
+        }
+    }
+
+    /// Forgets the abandoned operations of a communicator that no longer exists here.
+    fn forget_abandoned(st: &mut InboxState, comm_id: u64) {
+        st.abandoned.retain(|k, _| k.0 != comm_id);
+    }
+
+    /// Records that world rank `rank` closed its side on purpose, knowing of `news`.
+    pub fn mark_departed(&self, rank: u32, news: Vec<(u32, Fault)>) {
+        let mut st = self.lock();
+        if !st.failed.contains_key(&rank) {
+            st.departed.insert(rank, news);
+        }
+        drop(st);
         self.trouble();
         self.changed.notify_all();
     }
@@ -313,6 +430,7 @@ impl Inbox {
     pub fn purge(&self, comm_id: u64) {
         let mut st = self.lock();
         st.given_up.retain(|k| k.comm_id != comm_id);
+        Inbox::forget_abandoned(&mut st, comm_id);
         let mut dropped = 0;
         st.queues.retain(|k, q| {
             let keep = k.comm_id != comm_id;
@@ -333,12 +451,12 @@ impl Inbox {
 
     /// True when world rank `rank` closed its side on purpose.
     pub fn has_departed(&self, rank: u32) -> bool {
-        self.lock().departed.contains(&rank)
+        self.lock().departed.contains_key(&rank)
     }
 
     /// Why world rank `rank` failed, if it did.
     pub fn failed_reason(&self, rank: u32) -> Option<String> {
-        self.lock().failed.get(&rank).cloned()
+        self.lock().failed.get(&rank).map(|f| f.reason.clone())
     }
 
     /// Whether a frame under `key` waits in the inbox.
@@ -349,29 +467,24 @@ impl Inbox {
     /// What `status` says of the inbox's health now (see [`Inbox::take`]).
     pub fn status(&self, status: &dyn Fn(&Health<'_>) -> Option<Error>) -> Option<Error> {
         let st = self.lock();
-        status(&Health { failed: &st.failed, revoked: &st.revoked })
+        status(&st.health())
     }
 
-    pub fn failed(&self) -> BTreeMap<u32, String> {
+    pub fn failed(&self) -> BTreeMap<u32, Fault> {
         self.lock().failed.clone()
     }
 
-    /// How many peers have failed or left so far (the agreement re-plans when this grows).
+    /// How many peers have failed or left so far, and links other ranks lost (the agreement
+    /// re-plans when this grows).
     pub fn gone_count(&self) -> usize {
         let st = self.lock();
-        st.failed.len() + st.departed.len()
-    }
-
-    /// World ranks that failed or left on purpose: gone, as far as an agreement is concerned.
-    pub fn gone(&self) -> BTreeSet<u32> {
-        let st = self.lock();
-        st.failed.keys().chain(st.departed.iter()).copied().collect()
+        st.failed.len() + st.departed.len() + st.cuts.len()
     }
 
     /// Runs `f` on the current health (failed peers, revoked communicators).
     pub fn health<R>(&self, f: impl FnOnce(&Health<'_>) -> R) -> R {
         let st = self.lock();
-        f(&Health { failed: &st.failed, revoked: &st.revoked })
+        f(&st.health())
     }
 
     /// The next frame of `kind` for (`comm_id`, `seq`) from any sender. Returns `None` after
@@ -394,7 +507,7 @@ impl Inbox {
                 return self.taken(f).map(|f| (key.src, f));
             }
             let now = Instant::now();
-            if now >= deadline || st.failed.len() + st.departed.len() != planned_with {
+            if now >= deadline || st.failed.len() + st.departed.len() + st.cuts.len() != planned_with {
                 return None;
             }
             st = self.sleep(st, deadline - now);
@@ -413,7 +526,6 @@ impl Inbox {
         poll: &dyn Fn(Duration, &dyn Fn() -> bool) -> bool,
     ) -> Result<Frame> {
         let deadline = Instant::now() + timeout;
-        let mut left_at: Option<Instant> = None;
         let poll_end = Instant::now() + TCP_POLL.min(timeout);
         let mut looked_last = false;
         let mut st = self.lock();
@@ -422,8 +534,12 @@ impl Inbox {
                 self.queued.fetch_sub(1, Ordering::SeqCst);
                 return Ok(f);
             }
-            if let Some(e) = status(&Health { failed: &st.failed, revoked: &st.revoked }) {
+            if let Some(e) = status(&st.health()) {
                 return Err(e);
+            }
+            // A peer's goodbye comes after every frame it sent on this connection: none is left.
+            if let Some(news) = st.departed.get(&key.src) {
+                return Err(departure(key.src, news));
             }
             let now = Instant::now();
             if now < poll_end {
@@ -448,18 +564,6 @@ impl Inbox {
                 st = self.lock();
                 continue;
             }
-            let mut until = deadline;
-            if st.departed.contains(&key.src) {
-                // It may have left for a failure whose news is still on its way (NEWS_GRACE).
-                let grace_end = *left_at.get_or_insert_with(Instant::now) + NEWS_GRACE;
-                if Instant::now() >= grace_end {
-                    return Err(Error::new(
-                        ErrorKind::Remote,
-                        format!("world rank {} closed its connection while this rank still expected data", key.src),
-                    ));
-                }
-                until = until.min(grace_end);
-            }
             let now = Instant::now();
             if now >= deadline {
                 return Err(Error::timeout(format!(
@@ -468,7 +572,7 @@ impl Inbox {
                     timeout.as_millis()
                 )));
             }
-            let wait = until.saturating_duration_since(now).max(Duration::from_millis(1));
+            let wait = deadline.saturating_duration_since(now).max(Duration::from_millis(1));
             st = self.sleep(st, wait);
         }
     }
@@ -667,7 +771,7 @@ impl Net {
             if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
                 return Error::timeout(format!("sending to world rank {dst} made no progress (HCCN_TIMEOUT_MS)"));
             }
-            self.inbox.mark_failed(dst, format!("send failed: {e}"));
+            self.inbox.mark_failed(dst, Fault::cut(format!("send failed: {e}")));
             Error::rank_failed(vec![dst], format!("world rank {dst} is unreachable: {e}"))
         })
     }
@@ -706,16 +810,9 @@ impl Net {
 
     /// Closes the connection to world rank `peer` after it sent something this rank refuses.
     pub fn refuse(&self, peer: u32, reason: &str) {
-        self.inbox.mark_failed(peer, format!("refused: {reason}"));
+        self.inbox.mark_failed(peer, Fault::cut(format!("refused: {reason}")));
         if let Some(link) = self.links.get(peer) {
-            link.close(false);
-        }
-    }
-
-    /// Tells every peer this process is leaving on purpose, so they do not see a failure.
-    pub fn farewell(&self) {
-        if self.graceful.load(std::sync::atomic::Ordering::SeqCst) {
-            self.links.all().iter().for_each(|(_, l)| l.farewell());
+            link.close(None);
         }
     }
 
@@ -729,9 +826,11 @@ impl Drop for Net {
     fn drop(&mut self) {
         // Stop watching before the links close, or their closing would look like failures.
         drop(self.watchdog.take());
+        // A goodbye carries what this rank lost: the peers learn why it left with it.
         let graceful = self.graceful.load(std::sync::atomic::Ordering::SeqCst);
+        let news = graceful.then(|| news::encode(&self.inbox.losses()));
         for (_, link) in self.links.all() {
-            link.close(graceful);
+            link.close(news.as_deref());
         }
     }
 }

@@ -478,7 +478,7 @@ fn cma_probe(pid: i32, addr: u64, expect: u64) -> bool {
 fn cma_error(src: u32, e: &std::io::Error, inbox: &Inbox) -> Error {
     if e.raw_os_error() == Some(libc::ESRCH) {
         let reason = "its process ended while this rank read its data".to_owned();
-        inbox.mark_failed(src, reason.clone());
+        inbox.mark_failed(src, super::Fault::sure(reason.clone()));
         return Error::rank_failed(vec![src], format!("world rank {src} failed: {reason}"));
     }
     Error::io(ErrorKind::Transfer, format!("reading the data of world rank {src} (process_vm_readv)"), e)
@@ -917,7 +917,6 @@ impl Shm {
         let mut backoff = self.backoff();
         let mut ended: Option<Error> = None;
         let mut withdrawn: Option<Instant> = None;
-        let mut left_at: Option<Instant> = None;
         loop {
             let g = inbox.generation();
             if g != gen {
@@ -956,15 +955,12 @@ impl Shm {
                     }
                 }
             }
-            if let Some(e) = &ended {
-                // A peer that left on purpose may have left for a failure whose news is still on
-                // its way: that is the error to give, if it comes within NEWS_GRACE.
-                let departed = e.kind() == ErrorKind::Remote;
-                if !departed || left_at.get_or_insert_with(Instant::now).elapsed() >= super::NEWS_GRACE {
-                    return Err(e.clone());
-                }
+            if let Some(e) = ended.take() {
+                // The ring had one more look above: what the peer wrote before it died or left
+                // is delivered; nothing more will come.
+                return Err(e);
             }
-            if withdrawn.is_some_and(|t| t.elapsed() >= super::NEWS_GRACE) {
+            if withdrawn.is_some_and(|t| t.elapsed() >= super::WITHDRAW_GRACE) {
                 return Err(Error::new(
                     ErrorKind::Remote,
                     format!("world rank {} gave up its operation before this rank read its data", key.src),
@@ -1093,7 +1089,7 @@ impl Shm {
                     Ok(true) => {}
                     Ok(false) => break,
                     Err(e) => {
-                        inbox.mark_failed(src as u32, e.message().to_owned());
+                        inbox.mark_failed(src as u32, super::Fault::cut(e.message()));
                         break;
                     }
                 }
@@ -1560,7 +1556,7 @@ mod tests {
         let mut check = |_: &FrameHeader| Ok(());
         let mut ignore = |_: usize, _: &[u8]| {};
         let mut sink = Sink { check: &mut check, out: Out::Pieces(&mut ignore), expect: usize::MAX };
-        let e = rx.recv(key(3), &rx_inbox, crate::transport::NEWS_GRACE * 3, &|_| None, &mut sink).err();
+        let e = rx.recv(key(3), &rx_inbox, Duration::from_secs(6), &|_| None, &mut sink).err();
         assert_eq!(e.map(|e| e.kind()), Some(ErrorKind::Remote));
         tx.withdraw(1, 2, &tx_inbox, t);
         // The pair stays in step: plain frames and descriptors go on.
@@ -1594,7 +1590,7 @@ mod tests {
             };
             let mut ignore = |_: usize, _: &[u8]| {};
             let mut sink = Sink { check: &mut check, out: Out::Pieces(&mut ignore), expect: usize::MAX };
-            let e = rx.recv(key(7), &rx_inbox, crate::transport::NEWS_GRACE * 3, &|_| None, &mut sink).err();
+            let e = rx.recv(key(7), &rx_inbox, Duration::from_secs(6), &|_| None, &mut sink).err();
             assert_eq!(e.map(|e| e.kind()), Some(ErrorKind::Remote), "drained={drained}");
             tx.withdraw(1, b.unwrap_or(1), &tx_inbox, t);
             // The pair stays usable for other waits.
@@ -1652,7 +1648,7 @@ mod tests {
         let t = Duration::from_secs(2);
         let payload = vec![1u8; CMA_MIN];
         let index = tx.send_desc(1, &hdr(1, payload.len()), &payload, &tx_inbox, t).ok().flatten();
-        tx_inbox.mark_failed(1, "killed".into());
+        tx_inbox.mark_failed(1, crate::transport::Fault::sure("killed"));
         let e = tx.wait_sent(1, index.unwrap_or(0), &tx_inbox, t, &|_| None).err().map(|e| e.kind());
         assert_eq!(e, Some(ErrorKind::RankFailed));
         let e = tx.wait_sent(1, 0, &Inbox::default(), Duration::from_millis(50), &|_| None).err().map(|e| e.kind());

@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::shm::{futex_wait, futex_wake};
-use super::{shm, Frame, Inbox, Key, Landing, Link, Net};
+use super::{news, shm, Fault, Frame, Inbox, Key, Landing, Link, Net};
 use crate::auth::{self, Purpose};
 use crate::config::{Config, MAX_CHUNK_BYTES};
 use crate::error::{Error, ErrorKind, Result};
@@ -83,6 +83,15 @@ fn send_all(sock: &TcpStream, mut head: &[u8], mut payload: &[u8]) -> std::io::R
     Ok(())
 }
 
+/// Sends a whole frame unless the socket cannot take its first byte now (a full buffer: the
+/// peer is not reading); once a byte is out the rest follows, waiting if need be, so that a
+/// frame is never left half written. True when sent.
+fn send_all_unless_full(sock: &TcpStream, head: &[u8], payload: &[u8]) -> bool {
+    // SAFETY: `head` is a readable buffer of its length; the fd belongs to `sock`.
+    let n = unsafe { libc::send(sock.as_raw_fd(), head.as_ptr().cast(), 1, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+    n == 1 && send_all(sock, &head[1..], payload).is_ok()
+}
+
 impl Link for TcpLink {
     fn send(&self, hdr: &FrameHeader, payload: &[u8]) -> std::io::Result<()> {
         let head = hdr.encode();
@@ -90,11 +99,12 @@ impl Link for TcpLink {
         send_all(&sock, &head, payload)
     }
 
-    fn close(&self, graceful: bool) {
+    fn close(&self, goodbye: Option<&[u8]>) {
         self.closing.store(true, Ordering::SeqCst);
-        if graceful {
+        if let Some(news) = goodbye {
             let sock = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-            let _ = send_all(&sock, &GOODBYE.encode(), &[]);
+            let hdr = FrameHeader { len: news.len() as u64, ..GOODBYE };
+            let _ = send_all(&sock, &hdr.encode(), news);
         }
         // SAFETY: `fd` stays open as long as `writer` (owned by self) lives.
         unsafe { libc::shutdown(self.fd, libc::SHUT_RDWR) };
@@ -103,7 +113,13 @@ impl Link for TcpLink {
         if let Some(t) = self.reader.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = t.join();
         }
-        tracing::debug!(peer = self.peer, graceful, "link closed");
+        tracing::debug!(peer = self.peer, graceful = goodbye.is_some(), "link closed");
+    }
+
+    fn control(&self, hdr: &FrameHeader, payload: &[u8]) -> bool {
+        // Never wait behind another thread's frame: the caller tries again later.
+        let Ok(sock) = self.writer.try_lock() else { return false };
+        send_all_unless_full(&sock, &hdr.encode(), payload)
     }
 
     fn heartbeat(&self) {
@@ -149,14 +165,6 @@ impl Link for TcpLink {
         }
         got
     }
-
-    fn farewell(&self) {
-        // A frame half-written by another thread must not be interleaved with ours.
-        if let Ok(sock) = self.writer.try_lock() {
-            let _ = send_all(&sock, &GOODBYE.encode(), &[]);
-            let _ = sock.shutdown(Shutdown::Write);
-        }
-    }
 }
 
 impl TcpLink {
@@ -181,7 +189,7 @@ impl TcpLink {
             read_exact_fd(self.fd, frame).map(|()| payload.extend_from_slice(&frame[HEADER_LEN..]))
         } else {
             let mut head = [0u8; HEADER_LEN];
-            read_exact_fd(self.fd, &mut head).and_then(|()| read_payload(self.fd, &mut payload, len))
+            read_exact_fd(self.fd, &mut head).and_then(|()| read_payload(self.fd, &mut payload, len, None))
         };
         if let Err(e) = read {
             return self.fail(&e);
@@ -254,7 +262,9 @@ impl TcpLink {
         if !self.closing.load(Ordering::SeqCst) {
             // SAFETY: `fd` stays open as long as `writer` (owned by self) lives.
             unsafe { libc::shutdown(self.fd, libc::SHUT_RDWR) };
-            self.inbox.mark_failed(self.peer, format!("inside a frame: {}", lost(e)));
+            let mut fault = lost(e);
+            fault.reason = format!("inside a frame: {}", fault.reason);
+            self.inbox.mark_failed(self.peer, fault);
         }
         false
     }
@@ -262,18 +272,30 @@ impl TcpLink {
 
 const GOODBYE: FrameHeader = FrameHeader { kind: FrameKind::Goodbye, comm_id: 0, epoch: 0, seq: 0, tag: 0, len: 0 };
 
-fn lost(e: &std::io::Error) -> String {
-    if e.kind() == std::io::ErrorKind::UnexpectedEof {
-        "connection closed without a goodbye (the process exited or was killed)".to_owned()
-    } else {
-        format!("connection lost: {e}")
+/// What a broken connection says of the peer: an end without a goodbye, or a reset, is its
+/// process gone (the kernel closes a dead process's sockets); anything else only a lost link.
+fn lost(e: &std::io::Error) -> Fault {
+    match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => {
+            Fault::sure("connection closed without a goodbye (the process exited or was killed)")
+        }
+        std::io::ErrorKind::ConnectionReset => Fault::sure(format!("connection reset: {e}")),
+        _ => Fault::cut(format!("connection lost: {e}")),
     }
 }
 
 /// Reads exactly `len` bytes into the empty `buf`'s reserved capacity: whatever the socket
 /// holds at each call (`read_to_end` reads in pieces from 8 KiB up, a call each), and without
 /// zero-filling first, which would touch every byte twice.
-fn read_payload(fd: std::os::fd::RawFd, buf: &mut Vec<u8>, len: usize) -> std::io::Result<()> {
+///
+/// Every piece that arrives marks the link heard: a large frame crossing a slow link is a peer
+/// that speaks, not a silent one.
+fn read_payload(
+    fd: std::os::fd::RawFd,
+    buf: &mut Vec<u8>,
+    len: usize,
+    heard: Option<&LastHeard>,
+) -> std::io::Result<()> {
     buf.clear();
     buf.reserve_exact(len);
     while buf.len() < len {
@@ -283,6 +305,9 @@ fn read_payload(fd: std::os::fd::RawFd, buf: &mut Vec<u8>, len: usize) -> std::i
         let n = unsafe { recv_some(fd, spare.as_mut_ptr().cast(), spare.len()) }?;
         // SAFETY: the kernel initialised the first `n` bytes of `spare`, which follow `len()`.
         unsafe { buf.set_len(buf.len() + n) };
+        if let Some(h) = heard {
+            h.now();
+        }
     }
     Ok(())
 }
@@ -375,8 +400,9 @@ fn whole_frame(fd: std::os::fd::RawFd, buf: &mut [u8; HEADER_LEN + PEEK_PAYLOAD]
     let hdr = FrameHeader::decode(buf[..HEADER_LEN].try_into().ok()?, MAX_CHUNK_BYTES).ok()?;
     match hdr.kind {
         FrameKind::Heartbeat if hdr.len == 0 => {}
-        FrameKind::Goodbye | FrameKind::Revoke | FrameKind::Heartbeat => return None,
-        _ => {}
+        FrameKind::Collective | FrameKind::P2p | FrameKind::Agree => {}
+        // Control frames, and malformed ones, are the reader thread's.
+        _ => return None,
     }
     ((avail as u64) >= HEADER_LEN as u64 + hdr.len).then_some((hdr, seen))
 }
@@ -460,40 +486,63 @@ fn reader_loop(sock: TcpStream, r: Reader) {
         heard.now();
         let hdr = match FrameHeader::decode(&head, MAX_CHUNK_BYTES) {
             Ok(h) => h,
-            Err(e) => break format!("refused a frame and closed the connection: {e}"),
+            Err(e) => break Fault::cut(format!("refused a frame and closed the connection: {e}")),
         };
+        let control = matches!(
+            hdr.kind,
+            FrameKind::Goodbye | FrameKind::Suspect | FrameKind::Evict | FrameKind::Abandon | FrameKind::Revoke
+        );
         match hdr.kind {
-            FrameKind::Goodbye => {
-                inbox.mark_departed(peer);
-                return;
+            FrameKind::Heartbeat if hdr.len == 0 => continue,
+            FrameKind::Heartbeat | FrameKind::Revoke if hdr.len != 0 => {
+                break Fault::cut(format!("refused a {:?} frame carrying {} bytes", hdr.kind, hdr.len))
             }
-            FrameKind::Revoke if hdr.len == 0 => {
+            FrameKind::Revoke => {
                 inbox.revoke(hdr.comm_id);
                 continue;
             }
-            FrameKind::Revoke => break format!("refused a revoke frame carrying {} bytes", hdr.len),
-            FrameKind::Heartbeat if hdr.len == 0 => continue,
-            FrameKind::Heartbeat => break format!("refused a heartbeat carrying {} bytes", hdr.len),
+            _ if control && hdr.len > CONTROL_MAX as u64 => {
+                break Fault::cut(format!("refused a {:?} frame of {} bytes", hdr.kind, hdr.len))
+            }
             _ => {}
         }
         let len = hdr.len as usize;
         let mut payload = super::pool::take(len);
-        match read_payload(fd, &mut payload, len) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                break "connection closed inside a frame (the process exited or was killed)".to_owned()
-            }
-            Err(e) => break format!("inside a frame: {}", lost(&e)),
+        if let Err(e) = read_payload(fd, &mut payload, len, Some(&heard)) {
+            let mut fault = lost(&e);
+            fault.reason = format!("inside a frame: {}", fault.reason);
+            break fault;
         }
         heard.now();
-        in_traffic = true;
-        inbox.push(peer, Frame { hdr, payload, landed: false });
+        match hdr.kind {
+            FrameKind::Goodbye => {
+                inbox.mark_departed(peer, news::decode(&payload).unwrap_or_default());
+                return;
+            }
+            FrameKind::Evict => {
+                let why = String::from_utf8_lossy(&payload).into_owned();
+                break Fault::cut(format!("it declared this rank dead ({why}) and closed the connection"));
+            }
+            FrameKind::Suspect => match news::decode(&payload) {
+                Some(faults) => inbox.note_suspects(peer, faults),
+                None => break Fault::cut("refused a malformed suspect frame and closed the connection"),
+            },
+            FrameKind::Abandon => inbox.note_abandon(peer, hdr, &payload),
+            _ => {
+                in_traffic = true;
+                inbox.push(peer, Frame { hdr, payload, landed: false });
+            }
+        }
     };
     if !closing.load(Ordering::SeqCst) {
         let _ = sock.shutdown(Shutdown::Both);
         inbox.mark_failed(peer, reason);
     }
 }
+
+/// Largest payload of a control frame (goodbye, suspect, evict, mismatch): what the news of
+/// every rank of a large job takes, and no more.
+const CONTROL_MAX: usize = 1 << 20;
 
 pub(crate) fn start_link(sock: TcpStream, peer: u32, inbox: &Arc<Inbox>, cfg: &Config) -> Result<Arc<dyn Link>> {
     let sys = |e: std::io::Error| Error::io(ErrorKind::System, format!("socket to world rank {peer}"), &e);
@@ -786,10 +835,10 @@ mod tests {
             })
         };
         let mut buf = vec![7u8; 3];
-        read_payload(rx.as_raw_fd(), &mut buf, data.len()).expect("whole payload");
+        read_payload(rx.as_raw_fd(), &mut buf, data.len(), None).expect("whole payload");
         assert_eq!(buf, data);
         writer.join().expect("writer");
-        let cut = read_payload(rx.as_raw_fd(), &mut buf, 2000).expect_err("the peer closed inside the frame");
+        let cut = read_payload(rx.as_raw_fd(), &mut buf, 2000, None).expect_err("the peer closed inside the frame");
         assert_eq!(cut.kind(), std::io::ErrorKind::UnexpectedEof);
     }
 
@@ -831,7 +880,7 @@ mod tests {
         }
         assert_eq!(inbox.queued(), 0);
         drop(writer.join().expect("writer"));
-        link.close(false);
+        link.close(None);
     }
 
     #[test]
@@ -854,7 +903,7 @@ mod tests {
             assert!(f.payload == body(seq), "frame {seq} of {len} bytes intact");
         }
         assert_eq!(inbox.queued(), 0);
-        link.close(false);
+        link.close(None);
     }
 
     /// A link to world rank 1 over a socket pair, without heartbeats: the peer's end, the
@@ -926,7 +975,7 @@ mod tests {
         assert_eq!(inbox.queued(), 0);
         drop(go);
         writer.join().expect("writer");
-        link.close(false);
+        link.close(None);
     }
 
     #[test]
@@ -971,7 +1020,7 @@ mod tests {
         assert_eq!(&f.payload[..], &b"after the abandoned frame"[..]);
         assert!(buf[50_000..].iter().all(|&b| b == 0), "the buffer was written after the receive gave up");
         drop(writer.join().expect("writer"));
-        link.close(false);
+        link.close(None);
     }
 
     #[test]
@@ -1001,7 +1050,7 @@ mod tests {
         let f = inbox.take(key(0), Duration::from_secs(5), &|_| None, &poll).expect("the frame, from the reader");
         assert_eq!(f.payload, [7; 8]);
         drop(writer.join().expect("writer"));
-        link.close(false);
+        link.close(None);
     }
 
     #[test]
@@ -1014,13 +1063,13 @@ mod tests {
             drop(tx);
         });
         let status =
-            |h: &super::super::Health<'_>| h.failed.get(&1).map(|why| Error::rank_failed(vec![1], why.clone()));
+            |h: &super::super::Health<'_>| h.failed.get(&1).map(|why| Error::rank_failed(vec![1], why.reason.clone()));
         let poll = |budget, ready: &dyn Fn() -> bool| link.poll(budget, ready, true, None);
         let got = inbox.take(key(0), cfg.timeout, &status, &poll);
         killer.join().expect("killer");
         let e = got.expect_err("the peer closed its connection");
         assert_eq!(e.kind(), ErrorKind::RankFailed, "{e}");
-        link.close(false);
+        link.close(None);
     }
 
     #[test]
