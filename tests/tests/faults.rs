@@ -110,9 +110,41 @@ fn a_rank_that_never_joins_is_a_timeout_not_a_hang() {
     assert!((600..2500).contains(&ms), "timeout after {ms} ms with HCCN_TIMEOUT_MS=700");
 }
 
+/// The survivors' lines of a `leave` run: (code, failed ranks, milliseconds of the call).
+fn left_lines(out: &launch::Outcome, n: u32) -> Vec<(u128, String, u128)> {
+    (0..n - 1)
+        .map(|r| {
+            let line = out.stdout.lines().find(|l| l.starts_with(&format!("[{r}] LEFT "))).unwrap_or_else(|| {
+                panic!("rank {r} printed no LEFT line: {}", out.describe());
+            });
+            let kv = |key: &str| line.split(&format!(" {key}=")).nth(1).and_then(|v| v.split(' ').next());
+            let code = kv("code").and_then(|v| v.parse().ok()).unwrap_or(0);
+            let ms = kv("in_ms").and_then(|v| v.parse().ok()).unwrap_or(u128::MAX);
+            (code, kv("failed").unwrap_or("").to_owned(), ms)
+        })
+        .collect()
+}
+
 #[test]
-fn a_rank_that_exits_without_destroy_is_not_a_failure() {
-    let out = launch::hccnrun(2, &faults(), &["early-exit"], &[], Duration::from_secs(60));
+fn a_rank_that_exits_without_destroy_is_a_failure_named_at_once() {
+    let out = launch::hccnrun(3, &faults(), &["leave", "exit"], &[], Duration::from_secs(60));
     assert_eq!(out.code, Some(0), "{}", out.describe());
-    assert!(out.stdout.contains("[1] LATE_BROADCAST ok=true"), "{}", out.describe());
+    for (code, failed, ms) in left_lines(&out, 3) {
+        assert_eq!(code, 100, "RANK_FAILED: {}", out.describe());
+        assert_eq!(failed, "[2]", "the rank that exited is named: {}", out.describe());
+        assert!(ms < 100, "{ms} ms to report it: {}", out.describe());
+    }
+    assert_eq!(out.stdout.matches("SHRUNK size=2 epoch=1").count(), 2, "{}", out.describe());
+}
+
+#[test]
+fn a_rank_that_destroyed_and_left_is_named_at_once_without_a_grace_wait() {
+    let out = launch::hccnrun(4, &faults(), &["leave", "destroy"], &[], Duration::from_secs(60));
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    for (code, failed, ms) in left_lines(&out, 4) {
+        assert_eq!(code, 21, "HCCN_ERROR_REMOTE: {}", out.describe());
+        assert_eq!(failed, "[3]", "the rank that left is named: {}", out.describe());
+        assert!(ms < 100, "{ms} ms to report it: {}", out.describe());
+    }
+    assert_eq!(out.stdout.matches("SHRUNK size=3 epoch=1").count(), 3, "{}", out.describe());
 }

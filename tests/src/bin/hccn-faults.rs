@@ -21,8 +21,9 @@
 //!   reports the other failed, then tries to rebuild: only a side that reaches the store can.
 //! - `revoke`: rank 1 revokes the world; everyone's next allreduce fails with REVOKED; all shrink
 //!   (nobody failed) and go on at epoch 1.
-//! - `early-exit`: rank 0 broadcasts and calls exit() without destroying its communicator; rank 1
-//!   joins the broadcast later and must still get the data (an exit is not a failure).
+//! - `leave exit|destroy`: after a few allreduces the last rank calls exit() without destroying
+//!   its communicator (a failure, as a crash), or destroys it and returns (a departure); the
+//!   others' next allreduce fails at once naming it, and they shrink and go on.
 
 use std::ffi::c_void;
 use std::process::ExitCode;
@@ -539,23 +540,45 @@ fn grow(c: CComm) -> ExitCode {
     }
 }
 
-fn early_exit(c: &CComm) -> ExitCode {
-    let mut buf: Vec<f32> = if c.rank() == 0 { (0..1000).map(|i| i as f32).collect() } else { vec![0.0; 1000] };
-    if c.rank() != 0 {
-        std::thread::sleep(Duration::from_millis(300));
+fn leave(c: CComm, how: &str) -> ExitCode {
+    let (me, n) = (c.rank(), c.size());
+    if let Err(e) = verified_allreduces(&c, 3) {
+        println!("BEFORE_LEAVING {e}");
+        return ExitCode::FAILURE;
     }
-    // SAFETY: a live buffer of 1000 floats for the blocking call.
-    let r = check(unsafe { hccn_broadcast(buf.as_mut_ptr().cast(), 1000, FP32, 0, c.comm, std::ptr::null_mut()) });
-    if c.rank() == 0 {
-        // exit() runs atexit hooks but no destructors: the communicator is never destroyed.
-        std::process::exit(if r.is_ok() { 0 } else { 1 });
+    if me == n - 1 {
+        if how == "exit" {
+            // exit() runs atexit hooks but no destructors: the communicator is never destroyed.
+            std::process::exit(0);
+        }
+        drop(c);
+        return ExitCode::SUCCESS;
     }
-    let good = r.is_ok() && buf.iter().enumerate().all(|(i, v)| *v == i as f32);
-    println!("LATE_BROADCAST ok={good} result={:?}", r.err());
-    if good {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
+    std::thread::sleep(Duration::from_millis(300));
+    let t = std::time::Instant::now();
+    let send = vec![1.0f32; 1000];
+    let mut recv = vec![0.0f32; 1000];
+    let Err((code, msg)) = allreduce(&c, &send, &mut recv) else {
+        println!("NO_ERROR");
+        return ExitCode::FAILURE;
+    };
+    println!("LEFT code={code} failed={:?} in_ms={} msg={msg}", failed_ranks(&c), t.elapsed().as_millis());
+    let small = match shrink_comm(&c) {
+        Ok(s) => s,
+        Err((code, msg)) => {
+            println!("SHRINK_FAILED code={code} msg={msg}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match verified_allreduces(&small, 20) {
+        Ok(()) => {
+            println!("SHRUNK size={} epoch={}", small.size(), epoch(&small));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            println!("AFTER_SHRINK {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -576,7 +599,7 @@ fn main() -> ExitCode {
         "kill-small" => kill(&comm, 16),
         "intruder" => intruder(&comm),
         "deadline" => deadline(&comm),
-        "early-exit" => early_exit(&comm),
+        "leave" => leave(comm, &std::env::args().nth(2).unwrap_or_default()),
         "shrink" => {
             // Victims: a comma-separated list of ranks that die at the same moment.
             let list = std::env::args().nth(2).unwrap_or_else(|| "0".into());
