@@ -15,8 +15,9 @@ Makes, in DIR (default target/dist):
                                          CMake), include/, debug/libhccn.so.1.debug, docs and
                                          examples under share/, install.sh, SHA256SUMS
   hccn-VERSION-linux-ARCH.tar.gz.sha256  the tarball's checksum (sha256sum -c)
-  with --wheel: hccn-VERSION-py3-none-linux_ARCH.whl, the Python package carrying the library
-                and the tools (pip wheel bindings/python; python3 or $PYTHON, with pip)
+  with --wheel: hccn-VERSION-py3-none-linux_ARCH.whl (+ .sha256), the Python package carrying
+                the library and the tools (pip wheel bindings/python; python3 or $PYTHON, with
+                pip; the build backend, setuptools, comes from PyPI)
 
 BUILD_DIR (default target/release) must hold a release build; when the default is missing it
 is built (cargo build --release -p hccn-capi -p hccn-tools).
@@ -87,7 +88,9 @@ echo "release.sh: $out/$name.tar.gz ($(du -h "$out/$name.tar.gz" | cut -f1))"
 if [ $wheel = 1 ]; then
   py=${PYTHON:-python3}
   rm -f "$out"/hccn-"$version"-*.whl
-  HCCN_BUILD_DIR=$from "$py" -m pip wheel --no-deps --wheel-dir "$out" bindings/python
+  HCCN_BUILD_DIR=$from "$py" -m pip wheel -q --disable-pip-version-check --no-deps --wheel-dir "$out" bindings/python
   rm -rf bindings/python/build bindings/python/hccn.egg-info
-  echo "release.sh: $(ls "$out"/hccn-"$version"-*.whl)"
+  whl=$(cd "$out" && ls hccn-"$version"-*.whl)
+  (cd "$out" && sha256sum "$whl" > "$whl.sha256")
+  echo "release.sh: $out/$whl ($(du -h "$out/$whl" | cut -f1))"
 fi
