@@ -15,7 +15,8 @@ Makes, in DIR (default target/dist):
                                          CMake), include/, debug/libhccn.so.1.debug, docs and
                                          examples under share/, install.sh, SHA256SUMS
   hccn-VERSION-linux-ARCH.tar.gz.sha256  the tarball's checksum (sha256sum -c)
-  with --wheel: hccn-VERSION-py3-none-linux_ARCH.whl (+ .sha256), the Python package carrying
+  with --wheel: hccn-VERSION-py3-none-manylinux_2_N_ARCH.whl (+ .sha256; N: the newest glibc
+                the build needs), the Python package carrying
                 the library and the tools (pip wheel bindings/python; python3 or $PYTHON, with
                 pip; the build backend, setuptools, comes from PyPI)
 

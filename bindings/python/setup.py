@@ -16,6 +16,8 @@ The library and tools are required: a wheel without them would fail only at impo
 """
 
 import os
+import platform
+import re
 import shutil
 import subprocess
 
@@ -31,6 +33,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 ABI = 1
 TOOLS = ["hccnrun", "hccn-perf", "hccn-trace", "hccn-info"]
+# The libraries a manylinux wheel may need from the system (PEP 600 / auditwheel's policy, the
+# part our build can use).
+MANYLINUX_LIBS = {
+    "libc.so.6",
+    "libm.so.6",
+    "libdl.so.2",
+    "librt.so.1",
+    "libpthread.so.0",
+    "libgcc_s.so.1",
+    "ld-linux-x86-64.so.2",
+    "ld-linux-aarch64.so.1",
+}
+# The native files build_py put into the package, for the wheel's platform tag.
+NATIVE_FILES = []
 
 
 def build_dir():
@@ -70,6 +86,7 @@ class BuildWithLibrary(build_py):
             shutil.copyfile(os.path.join(src, tool), dest)
             os.chmod(dest, 0o755)
             strip(dest)
+        NATIVE_FILES[:] = [lib] + [os.path.join(pkg, "bin", t) for t in TOOLS]
         for header in ["hccn.h", "hccn.hpp"]:
             shutil.copyfile(os.path.join(ROOT, "include", header), os.path.join(pkg, "include", header))
 
@@ -82,14 +99,36 @@ class NativeDistribution(Distribution):
         return True
 
 
+def manylinux_platform(files):
+    """``manylinux_2_N_<arch>`` (PEP 600) when every file needs no system library beyond
+    MANYLINUX_LIBS and glibc 2.N at most, so pip installs the wheel on any such Linux and refuses
+    it, by its tag, where glibc is older; None when binutils cannot tell or a file needs more."""
+    if not files or shutil.which("readelf") is None or shutil.which("objdump") is None:
+        return None
+    glibc = (2, 17)
+    for f in files:
+        dynamic = subprocess.run(["readelf", "-d", f], check=True, capture_output=True, text=True).stdout
+        needed = set(re.findall(r"Shared library: \[([^\]]+)\]", dynamic))
+        if not needed <= MANYLINUX_LIBS:
+            print(f"hccn: {os.path.basename(f)} needs {sorted(needed - MANYLINUX_LIBS)}: not a manylinux wheel")
+            return None
+        symbols = subprocess.run(["objdump", "-T", f], check=True, capture_output=True, text=True).stdout
+        for major, minor in re.findall(r"GLIBC_(\d+)\.(\d+)", symbols):
+            glibc = max(glibc, (int(major), int(minor)))
+    return f"manylinux_{glibc[0]}_{glibc[1]}_{platform.machine()}"
+
+
 class PlatformWheel(bdist_wheel):
-    """Tagged for the platform (linux_<arch>); without extension modules the package loads the
-    library through ctypes and suits any Python 3 (py3-none)."""
+    """Tagged for the platform: manylinux_2_N_<arch> from what the native files need (else
+    linux_<arch>); without extension modules the package loads the library through ctypes and
+    suits any Python 3 (py3-none)."""
 
     def get_tag(self):
         python, abi, plat = super().get_tag()
         if not self.distribution.ext_modules:
             python, abi = "py3", "none"
+        if plat.startswith("linux_"):
+            plat = manylinux_platform(NATIVE_FILES) or plat
         return python, abi, plat
 
 

@@ -4,9 +4,12 @@
 //! wheel's own `hccnrun` runs the package's tests on 2 ranks, `hccn-perf` checks an allreduce
 //! sweep, and the other tools start.
 //!
+//! The wheel's platform tag (manylinux_2_N, computed by setup.py from what the library and tools
+//! need of glibc) is checked with auditwheel.
+//!
 //! Needs the release build (`cargo build --release`) and a python3 with venv. numpy and
-//! setuptools (pinned in scripts/setup-python.sh) come from a wheelhouse in target/wheelhouse,
-//! downloaded from PyPI on the first run only, so later runs need no network.
+//! setuptools (pinned in scripts/setup-python.sh) and auditwheel come from a wheelhouse in
+//! target/wheelhouse, downloaded from PyPI on the first run only, so later runs need no network.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -14,6 +17,8 @@ use std::time::Duration;
 use hccn_tests::launch::{self, Outcome};
 use hccn_tests::scratch::{bare, clean, on_system_path, root, run_ok, workspace_version, TempDir};
 
+/// PyPA's wheel checker, for the platform tag.
+const AUDITWHEEL: &str = "auditwheel==6.8.2";
 /// Hard limit for one step (venv, download, build, install).
 const STEP_TIMEOUT: Duration = Duration::from_secs(600);
 /// Hard limit for one 2-rank run.
@@ -55,10 +60,23 @@ fn wheelhouse(pip: &Path, python: &Path, pins: &[String]) -> PathBuf {
     let missing: Vec<&String> = pins.iter().filter(|p| !have(p)).collect();
     if !missing.is_empty() {
         let mut cmd = clean(pip);
-        cmd.args(["download", "--disable-pip-version-check", "--no-deps", "--dest"]).arg(&dir).args(&missing);
+        cmd.args(["download", "--disable-pip-version-check", "--dest"]).arg(&dir).args(&missing);
         run_ok(cmd, STEP_TIMEOUT, "pip download into target/wheelhouse (PyPI, first run only)");
     }
     dir
+}
+
+/// The one wheel in `dir`.
+fn only_wheel(dir: &Path) -> PathBuf {
+    let wheels: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "whl"))
+        .collect();
+    assert_eq!(wheels.len(), 1, "one wheel expected in {}: {wheels:?}", dir.display());
+    wheels[0].clone()
 }
 
 /// Reads the names inside a wheel (a zip file) with the standard library's zipfile.
@@ -95,7 +113,8 @@ fn wheel_installs_in_a_fresh_venv_and_runs_multi_rank_jobs_without_rust() {
     // Build: `pip wheel bindings/python` in its own venv, isolated build backend from the
     // wheelhouse (as a user's pip would from PyPI).
     let build_bin = venv(&tmp.path().join("build-venv"));
-    let house = wheelhouse(&build_bin.join("pip"), &build_bin.join("python"), &[numpy.clone(), setuptools]);
+    let pins = [numpy.clone(), setuptools, AUDITWHEEL.to_owned()];
+    let house = wheelhouse(&build_bin.join("pip"), &build_bin.join("python"), &pins);
     let dist = tmp.path().join("dist");
     let mut cmd = clean(build_bin.join("pip"));
     cmd.args(["wheel", "--disable-pip-version-check", "--no-deps", "--wheel-dir"])
@@ -105,9 +124,24 @@ fn wheel_installs_in_a_fresh_venv_and_runs_multi_rank_jobs_without_rust() {
         .env("PIP_FIND_LINKS", &house)
         .env("HCCN_BUILD_DIR", launch::bin_dir());
     run_ok(cmd, STEP_TIMEOUT, "pip wheel bindings/python");
-    let name = format!("hccn-{version}-py3-none-linux_{}.whl", std::env::consts::ARCH);
-    let wheel = dist.join(&name);
-    assert!(wheel.exists(), "no {name} in {}: {:?}", dist.display(), std::fs::read_dir(&dist).map(|d| d.count()));
+    let wheel = only_wheel(&dist);
+    let name = wheel.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tag = name
+        .strip_prefix(&format!("hccn-{version}-py3-none-"))
+        .and_then(|t| t.strip_suffix(".whl"))
+        .unwrap_or_else(|| panic!("{name} is not hccn-{version}-py3-none-PLATFORM.whl"));
+    assert!(
+        tag.starts_with("manylinux_2_") && tag.ends_with(&format!("_{}", std::env::consts::ARCH)),
+        "{name}: the library and tools need more than manylinux allows (setup.py fell back to linux_*)"
+    );
+    // auditwheel, PyPA's own checker, agrees with the tag setup.py computed.
+    let mut audit = clean(build_bin.join("pip"));
+    audit.args(["install", "--disable-pip-version-check", "--no-index", "--find-links"]).arg(&house).arg(AUDITWHEEL);
+    run_ok(audit, STEP_TIMEOUT, "pip install auditwheel");
+    let mut show = clean(build_bin.join("auditwheel"));
+    show.arg("show").arg(&wheel);
+    let shown = run_ok(show, STEP_TIMEOUT, "auditwheel show").stdout.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(shown.contains(&format!("consistent with the following platform tag: \"{tag}\"")), "{shown}");
     let size = std::fs::metadata(&wheel).map(|m| m.len()).unwrap_or(u64::MAX);
     assert!(size < 20 << 20, "the wheel is {size} bytes: debug information left in?");
     let contents = wheel_contents(&build_bin.join("python"), &wheel);
