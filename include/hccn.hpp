@@ -22,6 +22,17 @@
 #ifndef HCCN_HPP
 #define HCCN_HPP
 
+// Below C++17 the standard headers fail first (std::optional, if constexpr) with messages that
+// do not say why; say it here and skip the rest. MSVC reports the standard in _MSVC_LANG.
+#if defined(_MSVC_LANG) && _MSVC_LANG > __cplusplus
+#define HCCN_HPP_CPLUSPLUS _MSVC_LANG
+#else
+#define HCCN_HPP_CPLUSPLUS __cplusplus
+#endif
+#if HCCN_HPP_CPLUSPLUS < 201703L
+#error "hccn.hpp needs C++17 or later (compile with -std=c++17); from C or older C++, include hccn.h"
+#else
+
 #include <hccn.h>
 
 #include <algorithm>
@@ -445,4 +456,6 @@ class Bucket {
 
 }  // namespace hccn
 
+#endif  // C++17
+#undef HCCN_HPP_CPLUSPLUS
 #endif  // HCCN_HPP

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Creates the Python virtualenvs that the binding tests and examples use, each framework in its
 # own so their numpy pins never clash, and installs the hccn package (bindings/python, with the
-# built libhccn.so copied next to it) into each. Idempotent: a venv whose pinned packages are
+# built library and tools inside it) into each. Idempotent: a venv whose pinned packages are
 # already there is only refreshed with the current package (a few seconds).
 #
 #   scripts/setup-python.sh torch    # /opt/hccn/venvs/torch: torch + numpy from PyPI (~5.4 GB, ~3-5 min)
 #   scripts/setup-python.sh all      # every venv this script knows
 #
-# Run after `cargo build --release -p hccn-capi` so the package carries the library.
+# Run after `cargo build --release -p hccn-capi -p hccn-tools` (else it builds them): the package
+# carries the library and the tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -48,7 +49,11 @@ PY
 
 install_hccn() {
   local venv=$1
-  [ -f target/release/libhccn.so ] || cargo build --release -p hccn-capi
+  # The package carries the library and the tools (bindings/python/setup.py).
+  local f
+  for f in libhccn.so hccnrun hccn-perf hccn-trace hccn-info; do
+    [ -f "target/release/$f" ] || { cargo build --release -p hccn-capi -p hccn-tools; break; }
+  done
   "$venv/bin/pip" install -q --no-deps --no-build-isolation --force-reinstall ./bindings/python
   rm -rf bindings/python/build bindings/python/hccn.egg-info
 }

@@ -36,12 +36,12 @@ pub const VARIABLES: &[Variable] = &[
     Variable { name: "HCCN_TRANSPORT", default: "`auto`", meaning: "Data transport between ranks: `auto` (shared memory between ranks on one host, TCP between hosts), `tcp` (TCP everywhere), `shm` (shared memory, and an error if a peer is on another host). TCP always stays for control and failure detection." },
     Variable { name: "HCCN_BOARD_BYTES", default: "`4096`", meaning: "Largest allreduce (in bytes) that a communicator whose ranks all share one host runs on its shared-memory board: one round in which each rank posts its buffer and folds everyone's (see docs/algorithms.md); `0` sends such allreduces as messages (recursive doubling). At most 4096." },
     Variable { name: "HCCN_CMA", default: "`auto`", meaning: "Single-copy reads of large shared-memory messages with `process_vm_readv` (cross-memory attach): `auto` (used between two ranks when a probe at connection shows the kernel permits it, and, where the host's ranks outnumber its cores, only for buffers from `hccn_mem_alloc`) or `off` (every byte goes through the shared-memory rings)." },
-    Variable { name: "HCCN_LOG", default: "`warn`", meaning: "Log filter (`error`, `warn`, `info`, `debug`, `trace`, or tracing's `target=level` list); logs go to stderr." },
+    Variable { name: "HCCN_LOG", default: "`warn`", meaning: "Log filter: a level (`off`, `error`, `warn`, `info`, `debug`, `trace`) or a comma-separated list of levels and `target=level` items (tracing's syntax); any other value is refused. Logs go to stderr." },
     Variable { name: "HCCN_BACKEND", default: "`native`", meaning: "Data path of new communicators: `native` (hccn's TCP runtime) or `hccl` (Huawei HCCL on Ascend NPUs, loaded at run time; see docs/hccl.md)." },
     Variable { name: "HCCN_HCCL_LIB", default: "(search)", meaning: "Path of `libhccl.so` for `HCCN_BACKEND=hccl`; else `$ASCEND_HOME_PATH/lib64`, `$ASCEND_TOOLKIT_HOME/lib64`, then the loader's search path." },
     Variable { name: "HCCN_ACL_LIB", default: "(search)", meaning: "Path of `libascendcl.so` for `HCCN_BACKEND=hccl`; searched like `HCCN_HCCL_LIB`." },
     Variable { name: "HCCN_DEVICE_ID", default: "`HCCN_LOCAL_RANK`", meaning: "NPU that this process binds with `aclrtSetDevice` (`HCCN_BACKEND=hccl`); else the local rank, else 0." },
-    Variable { name: "HCCN_LIB", default: "(next to the package)", meaning: "Path of the `libhccn.so` that the Python package `hccn` loads (read by bindings/python only)." },
+    Variable { name: "HCCN_LIB", default: "(in the package)", meaning: "Path of a `libhccn.so` for the Python package `hccn` to load instead of its own `hccn/lib/libhccn.so.1` (read by bindings/python only)." },
 ];
 
 /// Default link and kernel costs of the algorithm selection's model (`collectives::select`),
@@ -243,6 +243,37 @@ fn parse<T: std::str::FromStr>(name: &str, value: &str, what: &str) -> Result<T>
     value.trim().parse().map_err(|_| Error::invalid(format!("{name}={value:?} is not {what}")))
 }
 
+const LOG_LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+
+/// `HCCN_LOG`: comma-separated `LEVEL` or `target=LEVEL` items (a subset of tracing's filter
+/// syntax). Anything else is refused: tracing itself would take a misspelt level such as
+/// `bogus` for a target name and quietly log nothing.
+fn log_filter(value: &str) -> Result<String> {
+    let v = value.trim();
+    if v.is_empty() {
+        return Ok("warn".to_owned());
+    }
+    let is_level = |l: &str| LOG_LEVELS.contains(&l.trim().to_ascii_lowercase().as_str());
+    let is_target = |t: &str| {
+        let t = t.trim();
+        !t.is_empty() && t.chars().all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '_' | '-' | ':'))
+    };
+    for item in v.split(',') {
+        let ok = match item.split_once('=') {
+            Some((target, level)) => is_target(target) && is_level(level),
+            None => is_level(item),
+        };
+        if !ok {
+            return Err(Error::invalid(format!(
+                "HCCN_LOG={value:?}: {:?} is not a level ({}) or target=level",
+                item.trim(),
+                LOG_LEVELS.join(", ")
+            )));
+        }
+    }
+    Ok(v.to_owned())
+}
+
 impl Config {
     /// Reads the process environment.
     pub fn from_env() -> Result<Self> {
@@ -318,7 +349,7 @@ impl Config {
             };
         }
         if let Some(v) = get("HCCN_LOG") {
-            c.log = v;
+            c.log = log_filter(&v)?;
         }
         c.job_id = get("HCCN_JOB_ID").filter(|v| !v.is_empty());
         c.job_token = get("HCCN_JOB_TOKEN").filter(|v| !v.is_empty());
@@ -471,6 +502,19 @@ mod tests {
         ] {
             let e = link_cost(v).err().unwrap_or_else(|| panic!("{v:?} was accepted"));
             assert!(e.contains("HCCN_LINK_COST") && e.contains(needle), "{v:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn log_filters_accept_levels_and_target_lists_only() {
+        let log = |v: &str| Config::from_lookup(lookup(&[("HCCN_LOG", v)])).map(|c| c.log).map_err(|e| e.to_string());
+        for ok in ["warn", "DEBUG", "off", " info ", "hccn_runtime=debug", "warn,hccn_runtime::transport=trace"] {
+            assert_eq!(log(ok), Ok(ok.trim().to_owned()), "{ok:?}");
+        }
+        assert_eq!(log(""), Ok("warn".to_owned()));
+        for bad in ["bogus", "verbose", "hccn_runtime", "hccn=loud", "=debug", "warn,", "a b=info", "x[span]=debug"] {
+            let e = log(bad).err().unwrap_or_else(|| panic!("HCCN_LOG={bad:?} was accepted"));
+            assert!(e.contains("HCCN_LOG") && e.contains("error, warn, info"), "{bad:?}: {e}");
         }
     }
 

@@ -7,6 +7,7 @@ pub mod fixture;
 pub mod framework;
 pub mod launch;
 pub mod matrix;
+pub mod scratch;
 pub mod threads;
 
 use hccn_runtime::Op;

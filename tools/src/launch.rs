@@ -29,7 +29,7 @@ Starts N ranks of PROGRAM on this host around an embedded rendezvous store. Each
 HCCN_RANK, HCCN_WORLD_SIZE, HCCN_LOCAL_RANK, HCCN_LOCAL_WORLD_SIZE, HCCN_STORE, HCCN_JOB_ID and
 HCCN_JOB_TOKEN; its stdout and stderr lines are prefixed with \"[rank] \". Stdin is not forwarded.
 
-  -n, --np N           number of ranks (required)
+  -n, -np, --np N      number of ranks (required; -np as mpirun spells it)
   --bind-to core|none  core: bind each rank started here to one of the CPUs hccnrun may use,
                        local rank i to the i-th modulo their number (as mpirun --bind-to core);
                        none (the default): the scheduler places them
@@ -130,7 +130,8 @@ pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
     while let Some((name, inline)) = a.next_option()? {
         match name.as_str() {
             "-h" | "--help" => return Ok(Invocation::Help),
-            "-n" | "--np" => {
+            // `-np` is mpirun's spelling, the one MPI users type first.
+            "-n" | "-np" | "--np" => {
                 let n: u32 = args::number(&name, &a.value(&name, inline)?)?;
                 if n == 0 {
                     return Err(UsageError(format!("{name} must be at least 1")));
@@ -721,6 +722,8 @@ mod tests {
         assert_eq!(o.program, "prog");
         assert_eq!(o.args, vec![OsString::from("-n"), OsString::from("5")]);
         let Ok(Invocation::Run(o)) = parse_strs(&["-n", "1", "prog"]) else { panic!("not parsed") };
+        let Ok(Invocation::Run(np)) = parse_strs(&["-np", "1", "prog"]) else { panic!("-np not parsed") };
+        assert_eq!(np, o, "-np is -n");
         assert_eq!((o.timeout, o.grace, o.bind_to_core), (None, Duration::from_secs(3), false));
         let Ok(Invocation::Run(o)) = parse_strs(&["-n", "2", "--bind-to", "core", "prog"]) else { panic!("bind") };
         assert!(o.bind_to_core);

@@ -51,6 +51,8 @@ __all__ = [
     "new_group",
     "get_unique_id",
     "version",
+    "get_include",
+    "get_lib_dir",
 ]
 
 
@@ -193,6 +195,18 @@ def version():
     v = c_int32()
     _check(lib.hccn_get_version(byref(v)))
     return (v.value // 10000, v.value // 100 % 100, v.value % 100)
+
+
+def get_include():
+    """The directory of ``hccn.h`` and ``hccn.hpp`` inside the installed package, for extension
+    modules built against it (as ``numpy.get_include()``)."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
+
+
+def get_lib_dir():
+    """The directory of the package's ``libhccn.so.1``: link an extension module with
+    ``-l:libhccn.so.1`` there and an rpath to it (``$ORIGIN/lib`` from the package)."""
+    return _raw.LIB_DIR
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 Names, argument types and enum numbers are those of the C header (C ABI v1). Nothing here
 checks results; the idiomatic layer in ``hccn/__init__.py`` turns codes into exceptions.
-The library is ``$HCCN_LIB`` when that is set, else ``libhccn.so`` next to this package (copied
-there by ``pip install ./bindings/python``), else the system's ``libhccn.so``.
+The library is ``$HCCN_LIB`` when that is set, else the package's own ``lib/libhccn.so.1``
+(put there by the wheel's build, bindings/python/setup.py), else the system's ``libhccn.so``
+(the loader's search, e.g. an install made by scripts/install.sh in a standard place).
 """
 
 import ctypes
@@ -164,12 +165,17 @@ _SIGNATURES = {
 }
 
 
+# Where the wheel puts the library: named by its soname, so that an extension module linked
+# against it (DT_NEEDED libhccn.so.1, rpath $ORIGIN/lib) shares the copy loaded here.
+LIB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib")
+PACKAGED = os.path.join(LIB_DIR, "libhccn.so.1")
+
+
 def _candidates():
     explicit = os.environ.get("HCCN_LIB")
     if explicit:
         return [explicit]
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libhccn.so")
-    found = [here]
+    found = [PACKAGED]
     system = ctypes.util.find_library("hccn")
     if system:
         found.append(system)
@@ -193,8 +199,9 @@ def _load():
             fn.argtypes = argtypes
         return lib, path
     raise ImportError(
-        "hccn: cannot load libhccn.so; tried " + "; ".join(tried) + ". Build it (cargo build --release -p hccn-capi) "
-        "and reinstall the package, or set HCCN_LIB to its path."
+        "hccn: cannot load libhccn.so; tried " + "; ".join(tried) + ". Install the hccn wheel (it carries the "
+        "library), or build it (cargo build --release -p hccn-capi -p hccn-tools) and reinstall the package, "
+        "or set HCCN_LIB to its path."
     )
 
 

@@ -35,7 +35,13 @@ def spawn(n, directory):
     with socket.socket() as s:  # a free port for the TCPStore that rank 0 hosts
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    for kind, where in [("file", directory), ("tcp", str(port))]:
+    kinds = [("file", directory), ("tcp", str(port))]
+    try:
+        import torch.distributed  # noqa: F401 - the TCPStore kind needs torch
+    except ImportError:
+        print("torch is not installed: the file store only", flush=True)
+        kinds = kinds[:1]
+    for kind, where in kinds:
         procs = [
             subprocess.Popen([sys.executable, __file__, "child", kind, str(r), str(n), where]) for r in range(n)
         ]

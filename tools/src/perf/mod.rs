@@ -95,6 +95,15 @@ impl Coll {
         matches!(self, Coll::Broadcast | Coll::Reduce)
     }
 
+    /// The smallest size (bytes) that gives a step: one element, per rank where the op splits
+    /// its buffer by rank.
+    pub fn min_size(self, elem_size: u64, nranks: u32) -> u64 {
+        match self {
+            Coll::AllReduce | Coll::Reduce | Coll::Broadcast => elem_size,
+            Coll::AllGather | Coll::ReduceScatter | Coll::AllToAll => elem_size * u64::from(nranks),
+        }
+    }
+
     /// busbw / algbw, as nccl-tests defines it.
     pub fn bus_factor(self, nranks: u32) -> f64 {
         let n = f64::from(nranks);
@@ -386,6 +395,27 @@ fn header(o: &Options, nranks: u32) -> Vec<String> {
     ]
 }
 
+/// The sizes of the sweep with their buffers (`None`: too small for one element), or an error
+/// when no size of the range gives a row, so that an empty table never reads as a pass.
+fn steps(o: &Options, n: u32) -> Result<Vec<(u64, Option<Layout>)>, String> {
+    let es = o.dt.size() as u64;
+    let steps: Vec<_> =
+        sizes(o.min_bytes, o.max_bytes, o.step_factor).into_iter().map(|s| (s, o.coll.layout(s, es, n))).collect();
+    if steps.iter().all(|(_, l)| l.is_none()) {
+        let least = o.coll.min_size(es, n);
+        let per_rank = if least > es { format!(" per rank ({n} ranks)") } else { String::new() };
+        return Err(format!(
+            "no size in {} .. {} bytes holds one {} element{per_rank} for {}: nothing to measure; \
+             the smallest size that does is {least} bytes (-b {least})",
+            o.min_bytes,
+            o.max_bytes,
+            o.dt.name(),
+            o.coll.name()
+        ));
+    }
+    Ok(steps)
+}
+
 /// Runs the sweep; `Ok(false)` when some result was wrong.
 fn run(o: &Options) -> Result<bool, String> {
     let comm = crate::join_job_with(|cfg| cfg.algo = o.algo.unwrap_or(cfg.algo))?;
@@ -403,10 +433,17 @@ fn run(o: &Options) -> Result<bool, String> {
             emit("# ranks outnumber cores on rank 0's host");
         }
     }
+    let steps = steps(o, n)?;
     let started = Instant::now();
     let (mut busbw_sum, mut rows, mut total_wrong) = (0.0, 0u32, 0u64);
-    for size in sizes(o.min_bytes, o.max_bytes, o.step_factor) {
-        let Some(layout) = o.coll.layout(size, o.dt.size() as u64, n) else { continue };
+    for (size, layout) in steps {
+        let Some(layout) = layout else {
+            if me == 0 {
+                let unit = if o.coll.min_size(1, n) > 1 { format!(" per rank of {n}") } else { String::new() };
+                emit(&format!("# {size} bytes: skipped, less than one {}{unit}", o.dt.name()));
+            }
+            continue;
+        };
         let what = format!("{} of {} bytes", o.coll.name(), layout.bytes);
         let plan = comm.plan(o.coll.name(), layout.bytes as usize).map_err(|e| format!("rank {me}: {what}: {e}"))?;
         if me == 0 {
@@ -495,8 +532,25 @@ mod tests {
         assert_eq!(l(Coll::Broadcast, 8), Some(Layout { count: 2, send_elems: 0, recv_elems: 2, bytes: 8 }));
         assert_eq!(l(Coll::AllGather, 8), None, "8 bytes is not one fp32 per rank of 4");
         assert_eq!(l(Coll::Reduce, 3), None);
+        for c in Coll::ALL {
+            let least = c.min_size(4, 3);
+            assert!(c.layout(least, 4, 3).is_some() && c.layout(least - 1, 4, 3).is_none(), "{}", c.name());
+        }
         assert!((Coll::AllReduce.bus_factor(4) - 1.5).abs() < 1e-12);
         assert!((Coll::AllGather.bus_factor(4) - 0.75).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_range_without_rows_is_an_error_naming_the_least_size() {
+        let o = Options { coll: Coll::ReduceScatter, min_bytes: 10, max_bytes: 10, ..Options::default() };
+        let e = steps(&o, 3).err().unwrap_or_default();
+        assert!(e.contains("10 .. 10 bytes") && e.contains("-b 12"), "{e}");
+        let o = Options { min_bytes: 8, max_bytes: 64, step_factor: 2, ..o };
+        let s = steps(&o, 3).unwrap_or_default();
+        assert_eq!(
+            s.iter().map(|(b, l)| (*b, l.is_some())).collect::<Vec<_>>(),
+            [(8, false), (16, true), (32, true), (64, true)]
+        );
     }
 
     #[test]

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Makes hccn's release artifacts from a release build. See usage() below, or run with --help.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+usage() {
+  cat <<'EOF'
+usage: scripts/release.sh [--out DIR] [--from BUILD_DIR] [--wheel]
+
+Makes, in DIR (default target/dist):
+  hccn-VERSION-linux-ARCH.tar.gz         the C/C++ SDK for users without a Rust toolchain:
+                                         bin/ (hccnrun, hccn-perf, hccn-trace, hccn-info),
+                                         lib/ (libhccn.so.1, libhccn.so, libhccn.a, pkg-config,
+                                         CMake), include/, debug/libhccn.so.1.debug, docs and
+                                         examples under share/, install.sh, SHA256SUMS
+  hccn-VERSION-linux-ARCH.tar.gz.sha256  the tarball's checksum (sha256sum -c)
+  with --wheel: hccn-VERSION-py3-none-manylinux_2_N_ARCH.whl (+ .sha256; N: the newest glibc
+                the build needs), the Python package carrying
+                the library and the tools (pip wheel bindings/python; python3 or $PYTHON, with
+                pip; the build backend, setuptools, comes from PyPI)
+
+BUILD_DIR (default target/release) must hold a release build; when the default is missing it
+is built (cargo build --release -p hccn-capi -p hccn-tools).
+
+Users unpack the tarball and run `./install.sh --prefix DIR` (no cargo needed), or use the
+unpacked tree in place: its pkg-config files are relative to themselves.
+EOF
+}
+
+out=$root/target/dist
+from=
+wheel=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --out) out=${2:?--out needs a directory}; shift 2 ;;
+    --out=*) out=${1#--out=}; shift ;;
+    --from) from=${2:?--from needs a directory}; shift 2 ;;
+    --from=*) from=${1#--from=}; shift ;;
+    --wheel) wheel=1; shift ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "release.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
+  esac
+done
+
+version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version *= *"\(.*\)"/\1/p' Cargo.toml | head -n1)
+arch=$(uname -m)
+name=hccn-$version-linux-$arch
+if [ -z "$from" ]; then
+  from=$root/target/release
+  if [ ! -f "$from/libhccn.so" ] || [ ! -f "$from/libhccn.a" ] || [ ! -x "$from/hccn-trace" ]; then
+    cargo build --release -p hccn-capi -p hccn-tools
+  fi
+fi
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+stage=$work/$name
+
+# The same install a user makes, then moved aside what a prefix should not hold by default.
+bash scripts/install.sh --prefix "$stage" --from "$from" --debug-symbols >/dev/null
+install -d "$stage/debug"
+mv "$stage/lib/.debug/libhccn.so.1.debug" "$stage/debug/"
+rmdir "$stage/lib/.debug"
+for tool in hccnrun hccn-perf hccn-trace hccn-info; do
+  [ -x "$stage/bin/$tool" ] || { echo "release.sh: $from/$tool is missing (cargo build --release -p hccn-tools)" >&2; exit 1; }
+done
+# Usable in place: pkg-config files relative to their own directory (the CMake config is).
+sed -i 's|^prefix=.*|prefix=${pcfiledir}/../..|' "$stage/lib/pkgconfig/hccn.pc" "$stage/lib/pkgconfig/hccn-static.pc"
+
+install -m 0755 scripts/install.sh "$stage/install.sh"
+echo "$version" > "$stage/VERSION"
+install -d "$stage/share/hccn/packaging" "$stage/share/doc/hccn/docs" "$stage/share/doc/hccn/examples"
+install -m 0644 packaging/*.in "$stage/share/hccn/packaging/"
+install -m 0644 README.md "$stage/share/doc/hccn/"
+install -m 0644 docs/*.md "$stage/share/doc/hccn/docs/"
+cp -r examples/c examples/cpp "$stage/share/doc/hccn/examples/"
+
+(cd "$stage" && find . -type f ! -name SHA256SUMS -printf '%P\n' | LC_ALL=C sort | xargs sha256sum > SHA256SUMS)
+# Reproducible: the same build gives the same bytes (names sorted, owner and times fixed).
+mtime=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
+tar -C "$work" --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$mtime" -cf - "$name" \
+  | gzip -n > "$out/$name.tar.gz"
+(cd "$out" && sha256sum "$name.tar.gz" > "$name.tar.gz.sha256")
+echo "release.sh: $out/$name.tar.gz ($(du -h "$out/$name.tar.gz" | cut -f1))"
+
+if [ $wheel = 1 ]; then
+  py=${PYTHON:-python3}
+  rm -f "$out"/hccn-"$version"-*.whl
+  HCCN_BUILD_DIR=$from "$py" -m pip wheel -q --disable-pip-version-check --no-deps --wheel-dir "$out" bindings/python
+  rm -rf bindings/python/build bindings/python/hccn.egg-info
+  whl=$(cd "$out" && ls hccn-"$version"-*.whl)
+  (cd "$out" && sha256sum "$whl" > "$whl.sha256")
+  echo "release.sh: $out/$whl ($(du -h "$out/$whl" | cut -f1))"
+fi
