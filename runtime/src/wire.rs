@@ -1,13 +1,56 @@
 //! The fixed frame header every peer message starts with. A receiver checks magic, version and
 //! kind on arrival and the length against [`MAX_CHUNK_BYTES`](crate::config::MAX_CHUNK_BYTES)
-//! before reading the payload; the matching receive then checks communicator, epoch, sequence, tag
-//! and exact length before a byte reaches user memory.
+//! before reading the payload; the matching receive then checks communicator, sequence, the
+//! operation's fingerprint, tag and exact length before a byte reaches user memory.
 
 use crate::error::{Error, ErrorKind, Result};
 
 pub const MAGIC: u32 = 0x4843_434e; // "HCCN"
-pub const VERSION: u16 = 1;
-pub const HEADER_LEN: usize = 48;
+/// Version 2 added the fingerprint.
+pub const VERSION: u16 = 2;
+pub const HEADER_LEN: usize = 64;
+
+/// What every rank's call of one operation must agree on (`collectives::fingerprint` makes and
+/// reads it), carried by each of its frames: a receiver whose own call differs refuses the
+/// frame with HCCN_ERROR_MISMATCH instead of mixing two different calls' data. Zero for frames
+/// outside operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Fingerprint {
+    /// The kind of operation (0: none).
+    pub op: u8,
+    /// Data type + 1 (0: none).
+    pub dtype: u8,
+    /// Reduce operation + 1 (0: none).
+    pub redop: u8,
+    /// Root rank, or `u32::MAX` for operations without one.
+    pub root: u32,
+    /// Elements of the call (what each kind counts: see `collectives::fingerprint`).
+    pub count: u64,
+}
+
+impl Fingerprint {
+    pub const BYTES: usize = 16;
+
+    pub fn encode(&self) -> [u8; Self::BYTES] {
+        let mut b = [0u8; Self::BYTES];
+        b[0] = self.op;
+        b[1] = self.dtype;
+        b[2] = self.redop;
+        b[4..8].copy_from_slice(&self.root.to_le_bytes());
+        b[8..16].copy_from_slice(&self.count.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8; Self::BYTES]) -> Self {
+        Fingerprint {
+            op: b[0],
+            dtype: b[1],
+            redop: b[2],
+            root: u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+            count: u64::from_le_bytes([b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]]),
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
@@ -62,6 +105,14 @@ pub struct FrameHeader {
     pub seq: u64,
     pub tag: u32,
     pub len: u64,
+    pub fp: Fingerprint,
+}
+
+impl FrameHeader {
+    /// A header of a frame outside any operation (control, agreement): no fingerprint.
+    pub fn control(kind: FrameKind, comm_id: u64, epoch: u64, seq: u64, len: usize) -> Self {
+        FrameHeader { kind, comm_id, epoch, seq, tag: 0, len: len as u64, fp: Fingerprint::default() }
+    }
 }
 
 impl FrameHeader {
@@ -76,6 +127,7 @@ impl FrameHeader {
         b[24..32].copy_from_slice(&self.seq.to_le_bytes());
         b[32..36].copy_from_slice(&self.tag.to_le_bytes());
         b[40..48].copy_from_slice(&self.len.to_le_bytes());
+        b[48..64].copy_from_slice(&self.fp.encode());
         b
     }
 
@@ -99,7 +151,16 @@ impl FrameHeader {
         if len > max_len as u64 {
             return Err(bad(format!("length {len} exceeds the limit of {max_len} bytes")));
         }
-        Ok(FrameHeader { kind, comm_id: le64(8..16), epoch: le64(16..24), seq: le64(24..32), tag: le32(32..36), len })
+        let fp = Fingerprint::decode(b[48..64].try_into().unwrap_or(&[0; Fingerprint::BYTES]));
+        Ok(FrameHeader {
+            kind,
+            comm_id: le64(8..16),
+            epoch: le64(16..24),
+            seq: le64(24..32),
+            tag: le32(32..36),
+            len,
+            fp,
+        })
     }
 }
 
@@ -109,7 +170,8 @@ mod tests {
 
     #[test]
     fn round_trip_and_refusals() {
-        let h = FrameHeader { kind: FrameKind::P2p, comm_id: 7, epoch: 2, seq: 99, tag: 5, len: 1024 };
+        let fp = Fingerprint { op: 3, dtype: 5, redop: 0, root: 1, count: 77 };
+        let h = FrameHeader { kind: FrameKind::P2p, comm_id: 7, epoch: 2, seq: 99, tag: 5, len: 1024, fp };
         let b = h.encode();
         assert_eq!(FrameHeader::decode(&b, 4096).ok(), Some(h));
         assert!(FrameHeader::decode(&b, 1000).is_err(), "length over limit");

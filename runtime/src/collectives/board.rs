@@ -16,9 +16,10 @@ use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::Instant;
 
 use super::rhd::RD;
-use super::{Algorithm, Ctx, ReduceArgs, Work};
+use super::{fingerprint, Algorithm, Ctx, ReduceArgs, Work};
 use crate::error::{Error, Result};
 use crate::transport::board::{Board, Watch, BOARD_BYTES, BOARD_RANKS};
+use crate::wire::Fingerprint;
 
 pub(crate) struct BoardAllreduce;
 
@@ -64,14 +65,25 @@ impl BoardCell {
         self.usable && bytes > 0 && bytes <= self.max_bytes
     }
 
-    /// The turn of `work` when it goes to the board; call once per operation, in submit order.
-    pub fn turn_for(&self, work: &Work) -> Option<u64> {
-        match work {
-            Work::Reduce { root: None, bytes, .. } if self.takes(*bytes) => {
-                Some(self.turns.fetch_add(1, Ordering::SeqCst))
-            }
-            _ => None,
+    /// Whether the call `fp` goes to the board on this communicator (what `turn_for` decides).
+    pub fn goes(&self, fp: &Fingerprint) -> bool {
+        match fingerprint::allreduce_bytes(fp) {
+            Some(0) => self.usable,
+            Some(bytes) => self.takes(bytes),
+            None => false,
         }
+    }
+
+    /// The turn of `work` when it goes to the board (`empty_allreduce`: an allreduce of 0
+    /// elements, which posts nothing but its fingerprint); call once per operation, in submit
+    /// order.
+    pub fn turn_for(&self, work: &Work, empty_allreduce: bool) -> Option<u64> {
+        let goes = match work {
+            Work::Reduce { root: None, bytes, .. } => self.takes(*bytes),
+            Work::Nothing => empty_allreduce && self.usable,
+            _ => false,
+        };
+        goes.then(|| self.turns.fetch_add(1, Ordering::SeqCst))
     }
 
     /// False once the set-up failed: the board operations run recursive doubling.
@@ -181,6 +193,9 @@ impl Algorithm for BoardAllreduce {
         let mut quick = || ctx.health_error().map_or(Ok(()), Err);
         let mut stalled = || {
             ctx.net().keep_moving();
+            if let Some(e) = ctx.message_for_board_turn() {
+                return Err(e);
+            }
             if Instant::now() >= *deadline.get_or_insert_with(|| Instant::now() + ctx.timeout()) {
                 return Err(Error::timeout(format!(
                     "a small allreduce waited {} ms for the other ranks on this host (HCCN_TIMEOUT_MS)",
@@ -190,8 +205,10 @@ impl Algorithm for BoardAllreduce {
             Ok(())
         };
         let left = |waited: &dyn Fn(u32) -> bool| ctx.departed_among(waited);
-        let mut watch = Watch { quick: &mut quick, stalled: &mut stalled, left: &left };
-        board.post(turn, w.acc, &mut watch)?;
-        board.fold(turn, w.acc, w.dt, w.op, &mut watch)
+        let fp = ctx.fingerprint();
+        let differs = |rank: u32, theirs: &Fingerprint| fingerprint::mismatch(&fp, ctx.rank(), theirs, rank);
+        let mut watch = Watch { quick: &mut quick, stalled: &mut stalled, left: &left, differs: &differs };
+        board.post(turn, w.acc, &fp, &mut watch)?;
+        board.fold(turn, w.acc, w.dt, w.op, &fp, &mut watch)
     }
 }

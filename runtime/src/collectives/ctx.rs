@@ -14,7 +14,7 @@ use crate::trace;
 use crate::transport::shm::{Out, Sink, WritePiece};
 use crate::transport::Key;
 use crate::types::{DataType, ReduceOp};
-use crate::wire::{FrameHeader, FrameKind};
+use crate::wire::{Fingerprint, FrameHeader, FrameKind};
 
 pub(crate) struct Ctx<'a> {
     comm: &'a CommInner,
@@ -24,11 +24,18 @@ pub(crate) struct Ctx<'a> {
     chunk: usize,
     /// The operation's turn on the communicator's board, if it goes there (see board.rs).
     turn: Option<u64>,
+    /// What every rank's call must agree on (see fingerprint.rs).
+    fp: Fingerprint,
 }
 
 impl<'a> Ctx<'a> {
     pub fn new(comm: &'a CommInner, kind: FrameKind, seq: u64) -> Self {
-        Ctx { comm, kind, seq, chunk: comm.chunk_bytes, turn: None }
+        Ctx { comm, kind, seq, chunk: comm.chunk_bytes, turn: None, fp: Fingerprint::default() }
+    }
+
+    /// The same context for a call with fingerprint `fp`.
+    pub fn with_fingerprint(self, fp: Fingerprint) -> Ctx<'a> {
+        Ctx { fp, ..self }
     }
 
     /// The same context for an operation with board turn `turn`.
@@ -78,10 +85,50 @@ impl<'a> Ctx<'a> {
         })
     }
 
+    /// A frame of this very operation that some member sent as a message, while this rank waits
+    /// on the board (an operation goes to the board or to messages by what every rank passed
+    /// alike, so such a frame is a call that differs): the mismatch, with the communicator
+    /// broken, since the two sides now number their board turns differently.
+    pub fn message_for_board_turn(&self) -> Option<Error> {
+        let (src, hdr) = self.comm.net.inbox.any_frame(self.kind, self.comm.id, self.seq)?;
+        let from = self.comm.members.iter().position(|&w| w == src)? as u32;
+        Some(self.mismatch_with(from, &hdr.fp))
+    }
+
+    /// The error of this call against rank `from`'s call `theirs` of the same operation: the
+    /// communicator is broken too when one of them went to the board and the other to messages
+    /// (the two sides number their board turns differently from then on).
+    fn mismatch_with(&self, from: u32, theirs: &Fingerprint) -> Error {
+        let e = super::fingerprint::mismatch(&self.fp, self.rank(), theirs, from);
+        let board = &self.comm.board;
+        match board.goes(&self.fp) == board.goes(theirs) {
+            true => e,
+            false => e.context(format!(
+                "{}: one rank went to the shared-memory board, another to messages",
+                crate::comm::BROKEN_MARK
+            )),
+        }
+    }
+
+    /// A frame of this very operation from any member that shows a different call, waiting in
+    /// the inbox: found while this rank waits for another member, so that ranks whose calls
+    /// differ in whom they wait for do not wait for each other until their deadlines.
+    fn foreign(&self, h: &crate::transport::Health<'_>) -> Option<Error> {
+        if self.kind != FrameKind::Collective || h.queues.is_empty() {
+            return None;
+        }
+        let (src, fp) = h.queues.iter().find_map(|(k, q)| {
+            let f = q.front().filter(|_| k.kind == self.kind && k.comm_id == self.comm.id && k.seq == self.seq)?;
+            (f.hdr.fp != self.fp).then_some((k.src, f.hdr.fp))
+        })?;
+        let from = self.comm.members.iter().position(|&w| w == src)? as u32;
+        Some(self.mismatch_with(from, &fp))
+    }
+
     /// Why this operation's waits end, if they do: the communicator's state, or another rank
     /// abandoned this very operation (see [`CommInner::op_status`]).
     fn status(&self, health: &crate::transport::Health<'_>) -> Option<Error> {
-        self.comm.op_status(health, self.kind, self.seq)
+        self.comm.op_status(health, self.kind, self.seq).or_else(|| self.foreign(health))
     }
 
     /// The same context with pipeline chunks of at most `bytes` (never above HCCN_CHUNK_BYTES).
@@ -216,7 +263,13 @@ impl<'a> Ctx<'a> {
             seq: self.seq,
             tag,
             len: len as u64,
+            fp: self.fp,
         }
+    }
+
+    /// The fingerprint of the call this context runs.
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.fp
     }
 
     pub fn send(&self, to: u32, tag: u32, data: &[u8]) -> Result<()> {
@@ -260,20 +313,28 @@ impl<'a> Ctx<'a> {
     fn recv_untraced(&self, from: u32, tag: u32, len: usize, out: Out<'_>) -> Result<()> {
         let src = self.world(from)?;
         let key = Key { src, kind: self.kind, comm_id: self.comm.id, seq: self.seq };
-        let epoch = self.comm.epoch;
         let mut check = |h: &FrameHeader| -> Result<()> {
-            if h.epoch != epoch {
-                let e = Error::new(
-                    ErrorKind::StaleEpoch,
-                    format!("rank {from} sent epoch {}, this communicator is at epoch {epoch}", h.epoch),
-                );
-                self.comm.net.refuse(src, e.message());
-                return Err(e);
+            if h.fp != self.fp {
+                return Err(self.mismatch_with(from, &h.fp));
             }
-            if h.tag != tag || h.len != len as u64 {
+            if h.len != len as u64 {
+                // The calls agree, but not on this block: the per-rank counts of a v-collective.
+                return Err(Error::new(
+                    ErrorKind::Mismatch,
+                    format!(
+                        "ranks called {} with counts that do not match: rank {from} sent {} bytes where rank {} \
+                         expected {len}",
+                        super::fingerprint::describe(&self.fp),
+                        h.len,
+                        self.rank()
+                    ),
+                )
+                .with_failed(vec![from, self.rank()]));
+            }
+            if h.tag != tag {
                 let e = Error::new(
                     ErrorKind::Transfer,
-                    format!("rank {from} sent tag {} with {} bytes where tag {tag} with {len} bytes was expected; connection closed", h.tag, h.len),
+                    format!("rank {from} sent tag {} where tag {tag} was expected; connection closed", h.tag),
                 );
                 self.comm.net.refuse(src, e.message());
                 return Err(e);
@@ -282,7 +343,7 @@ impl<'a> Ctx<'a> {
         };
         let mut sink = Sink { check: &mut check, out, expect: len };
         self.comm.net.recv(key, self.comm.timeout, &|health| self.status(health), &mut sink).map_err(|e| {
-            if matches!(e.kind(), ErrorKind::StaleEpoch | ErrorKind::Transfer) {
+            if matches!(e.kind(), ErrorKind::Mismatch | ErrorKind::Transfer) {
                 e
             } else {
                 self.comm.translate(e)

@@ -6,6 +6,7 @@ pub(crate) mod board;
 pub(crate) mod check;
 mod ctx;
 mod dissemination;
+pub(crate) mod fingerprint;
 mod hier;
 mod linear;
 mod p2p;
@@ -13,10 +14,10 @@ mod pairwise;
 mod rhd;
 mod ring;
 mod ring_compressed;
-pub(crate) mod runahead;
 pub mod select;
 mod traced;
 mod tree;
+mod verify;
 
 use std::ops::Range;
 
@@ -414,8 +415,20 @@ pub(crate) unsafe fn execute(ctx: &Ctx<'_>, work: &Work) -> Result<()> {
     let (algo, ctx) = (plan.algo, &ctx.with_chunk(plan.chunk));
     let _span = ctx.span(algo.name()).entered();
     let t = crate::trace::start();
-    // SAFETY: the caller's promise, passed on.
-    let r = unsafe { run(ctx, work, algo) };
+    let when = verify::needed(work, ctx.turn(), &ctx.fingerprint());
+    // Before any data moves: ranks whose calls differ in where the data goes (the root, say)
+    // could otherwise all wait for data that nobody sends.
+    let mut r = match when {
+        verify::When::Before => verify::barrier(ctx),
+        _ => Ok(()),
+    };
+    if r.is_ok() {
+        // SAFETY: the caller's promise, passed on.
+        r = unsafe { run(ctx, work, algo) };
+    }
+    if r.is_ok() && when == verify::When::After {
+        r = verify::barrier(ctx);
+    }
     if t.is_on() {
         traced::record(t, ctx, work, algo.name(), &r);
     }
@@ -431,6 +444,10 @@ unsafe fn run(ctx: &Ctx<'_>, work: &Work, algo: &dyn Algorithm) -> Result<()> {
     // the send and receive ranges we slice simultaneously do not overlap, and in-place forms are
     // handled by copying first and then using a single mutable view.
     match work {
+        // An allreduce of nothing still posts its fingerprint on the board, to be checked.
+        Work::Nothing if ctx.turn().is_some() => {
+            algo.reduce(ctx, &mut ReduceArgs { acc: &mut [], dt: DataType::Uint8, op: ReduceOp::Sum, root: None })
+        }
         Work::Nothing => Ok(()),
         Work::Reduce { send, recv, bytes, dt, op, root } => {
             let owns_result = root.is_none_or(|r| r == me);

@@ -453,14 +453,7 @@ fn send_all(c: &CommInner, instance: u64, outs: Vec<Out>) {
     for Out { to, msg } in outs {
         tracing::debug!(instance, to, ?msg, "agreement: send");
         let payload = encode(&msg);
-        let hdr = FrameHeader {
-            kind: FrameKind::Agree,
-            comm_id: c.id,
-            epoch: c.epoch,
-            seq: instance,
-            tag: 0,
-            len: payload.len() as u64,
-        };
+        let hdr = FrameHeader::control(FrameKind::Agree, c.id, c.epoch, instance, payload.len());
         // A member that cannot be reached is found failed by the transport and drops out of the
         // live set on the next turn.
         let _ = c.net.send(c.members[to as usize], &hdr, &payload);

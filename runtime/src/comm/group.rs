@@ -47,6 +47,7 @@ impl Communicator {
     /// Collective over this communicator: ranks with the same `color` form a new communicator,
     /// ordered by (`key`, old rank); a negative color gives `None`.
     pub fn split(&self, color: i32, key: i32) -> Result<Option<Communicator>> {
+        let _alone = self.inner.enter()?;
         let n = self.size() as usize;
         let mine: Vec<u8> = color.to_le_bytes().into_iter().chain(key.to_le_bytes()).collect();
         let mut all = vec![0u8; 8 * n];
@@ -57,7 +58,7 @@ impl Communicator {
             dt: DataType::Int32,
         };
         // SAFETY: both buffers live on this frame until the blocking call returns.
-        unsafe { self.submit(op, None)? };
+        unsafe { self.submit_entered(op, None)? };
         let nth = self.inner.split_seq.fetch_add(1, Ordering::SeqCst);
         if color < 0 {
             return Ok(None);

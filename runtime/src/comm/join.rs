@@ -167,6 +167,7 @@ impl Communicator {
     pub fn rebuild(&self, timeout: Duration) -> Result<Communicator> {
         let c = &self.inner;
         let _span = tracing::info_span!("rebuild", rank = c.rank, epoch = c.epoch).entered();
+        let _alone = c.enter()?;
         let failed = agree::agree(c).inspect_err(|e| self.note_excluded(e))?;
         let small = self.survivors_of(&failed).inspect_err(|e| self.note_excluded(e))?;
         let Some(origin) = c.origin.clone() else { return Ok(small) };

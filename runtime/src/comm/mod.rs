@@ -28,7 +28,6 @@ pub use typed::Element;
 
 use crate::collectives::board::BoardCell;
 use crate::collectives::check::{self, Shape};
-use crate::collectives::runahead::RunAhead;
 use crate::collectives::{self, Ctx, Op, Work};
 use crate::error::{Error, ErrorKind, Result};
 use crate::stream::Stream;
@@ -74,8 +73,8 @@ pub(crate) struct CommInner {
     hosts: Option<Vec<u32>>,
     /// The shared-memory board of the smallest allreduces, when all members share a host.
     pub board: BoardCell,
-    /// Which rooted operations end with a barrier.
-    runahead: RunAhead,
+    /// Set while a thread is in a blocking call on this communicator.
+    in_use: AtomicBool,
 }
 
 /// A communicator. Clones share it; it lives until the last clone and the last queued
@@ -167,7 +166,7 @@ impl CommInner {
             member: membership::MemberSlot::default(),
             hosts,
             board,
-            runahead: RunAhead::default(),
+            in_use: AtomicBool::new(false),
         }
     }
 
@@ -263,16 +262,24 @@ impl CommInner {
     /// error of a rank that abandoned this operation (or broke the communicator), in this
     /// communicator's ranks.
     pub fn op_status(&self, health: &Health<'_>, kind: FrameKind, seq: u64) -> Option<Error> {
-        if let Some(e) = self.status(health) {
-            return Some(e);
-        }
+        self.status(health).or_else(|| self.abandoned(health, kind, seq))
+    }
+
+    /// The error of a rank that abandoned operation `seq`, or broke the communicator.
+    fn abandoned(&self, health: &Health<'_>, kind: FrameKind, seq: u64) -> Option<Error> {
         if health.abandoned.is_empty() {
             return None;
         }
         let own = (kind == FrameKind::Collective).then(|| health.abandoned.get(&(self.id, seq))).flatten();
-        let why = own.or_else(|| health.abandoned.iter().find(|(k, a)| k.0 == self.id && a.broken).map(|(_, a)| a))?;
+        let why = own.or_else(|| self.broken_by(health))?;
         let ranks: Vec<u32> = why.ranks.iter().filter_map(|w| self.rank_of(*w)).collect();
         Some(Error::new(why.kind, why.message.clone()).with_failed(ranks))
+    }
+
+    /// Why no operation of this communicator can work any more (its ranks went separate ways,
+    /// or two threads used it at once), if that happened.
+    fn broken_by<'h>(&self, health: &'h Health<'_>) -> Option<&'h news::Abandoned> {
+        health.abandoned.iter().find(|(k, a)| k.0 == self.id && a.broken).map(|(_, a)| a)
     }
 
     /// Tells every member that this rank left operation `seq` with `e`, unless another rank
@@ -282,25 +289,22 @@ impl CommInner {
         if matches!(e.kind(), ErrorKind::RankFailed | ErrorKind::Revoked | ErrorKind::Aborted) {
             return;
         }
+        let broken = matches!(e.kind(), ErrorKind::Mismatch | ErrorKind::Busy) && e.message().contains(BROKEN_MARK);
+        self.tell_abandoned(seq, e, broken);
+    }
+
+    fn tell_abandoned(&self, seq: u64, e: &Error, broken: bool) {
         let ranks: Vec<u32> = e.failed_ranks().iter().filter_map(|r| self.members.get(*r as usize).copied()).collect();
-        let why = news::Abandoned {
-            kind: e.kind(),
-            broken: e.kind() == ErrorKind::Mismatch && e.message().contains(BROKEN_MARK),
-            ranks,
-            message: format!("rank {} left this operation: {}", self.rank, e.message()),
+        let message = match e.message().starts_with("rank ") && e.message().contains(" left this operation: ") {
+            true => e.message().to_owned(),
+            false => format!("rank {} left this operation: {}", self.rank, e.message()),
         };
+        let why = news::Abandoned { kind: e.kind(), broken, ranks, message };
         if !self.net.inbox.mark_abandoned(self.id, seq, why.clone()) {
             return;
         }
         let payload = news::encode_abandon(&why);
-        let hdr = FrameHeader {
-            kind: FrameKind::Abandon,
-            comm_id: self.id,
-            epoch: self.epoch,
-            seq,
-            tag: 0,
-            len: payload.len() as u64,
-        };
+        let hdr = FrameHeader::control(FrameKind::Abandon, self.id, self.epoch, seq, payload.len());
         for (r, &w) in self.members.iter().enumerate() {
             if r as u32 != self.rank {
                 let _ = self.net.send(w, &hdr, &payload);
@@ -317,6 +321,9 @@ impl CommInner {
         }
         if health.revoked.contains(&self.id) {
             return Some(Error::new(ErrorKind::Revoked, "the communicator was revoked; shrink or destroy it"));
+        }
+        if let Some(why) = self.broken_by(health) {
+            return Some(Error::new(why.kind, why.message.clone()));
         }
         let dead = self.failed_members(health.failed);
         if !dead.is_empty() {
@@ -370,6 +377,27 @@ impl CommInner {
             out.dedup();
             out
         })
+    }
+
+    /// Holds the communicator for this thread's blocking call, or fails with `Busy` when another
+    /// thread is in one: one atomic exchange, no lock.
+    pub(crate) fn enter(&self) -> Result<Alone<'_>> {
+        if !self.in_use.swap(true, Ordering::Acquire) {
+            return Ok(Alone(&self.in_use));
+        }
+        // The call in progress may already be paired with another thread's call on another rank:
+        // it fails too, and so does every later one, on every rank, rather than risk a quiet
+        // wrong result (the communicator can still be shrunk).
+        let e = Error::new(
+            ErrorKind::Busy,
+            format!(
+                "two threads made blocking calls on this communicator at once (rank {}): calls of two threads pair up \
+                 with the wrong calls of the other ranks; {BROKEN_MARK} (one communicator, one thread at a time)",
+                self.rank
+            ),
+        );
+        self.tell_abandoned(self.coll_seq.load(Ordering::SeqCst), &e, true);
+        Err(e)
     }
 
     /// Whether an operation may start (see [`CommInner::status_of`]).
@@ -491,56 +519,89 @@ impl Communicator {
     }
 
     /// Checks `op` on the one validating path, then runs it now (`stream == None`) or queues it
-    /// on `stream` and returns at once.
+    /// on `stream` and returns at once. A blocking call made while another thread is in one on
+    /// this communicator fails at once with `Busy` (calls would pair up across threads).
     ///
     /// # Safety
     /// Every buffer in `op` must be valid for the bytes the operation reads or writes (as in
-    /// API.md) until it completes: until return without a stream, or until the stream has run it.
+    /// docs/c-api.md) until it completes: until return without a stream, or until the stream has
+    /// run it.
     pub unsafe fn submit(&self, op: Op, stream: Option<&Stream>) -> Result<()> {
+        let _alone = if stream.is_none() { Some(self.inner.enter()?) } else { None };
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.submit_entered(op, stream) }
+    }
+
+    /// [`Communicator::submit`] for a caller that already holds the communicator (a shrink or
+    /// split that runs collectives of its own).
+    ///
+    /// # Safety
+    /// As [`Communicator::submit`].
+    pub(crate) unsafe fn submit_entered(&self, op: Op, stream: Option<&Stream>) -> Result<()> {
         self.inner.check_state()?;
         let shape = Shape { rank: self.rank(), size: self.size() };
+        let fp = collectives::fingerprint::of(&op);
         let work = check::validate(&op, &shape, &mut |is_send, peer| self.inner.next_p2p(is_send, peer))?;
+        // Every collective takes its number, count 0 too: it still checks that the other ranks
+        // made the same call.
         let (kind, seq) = match work {
             Work::Send { seq, .. } | Work::Recv { seq, .. } => (FrameKind::P2p, seq),
-            Work::Nothing => (FrameKind::Collective, 0),
             _ => (FrameKind::Collective, self.inner.coll_seq.fetch_add(1, Ordering::SeqCst)),
         };
-        let turn = self.inner.board.turn_for(&work);
-        let settle =
-            self.inner.runahead.settles(&work, self.size()).then(|| self.inner.coll_seq.fetch_add(1, Ordering::SeqCst));
+        let empty_allreduce = matches!((&work, &op), (Work::Nothing, Op::AllReduce { .. }));
+        let turn = self.inner.board.turn_for(&work, empty_allreduce);
+        let job = Job { kind, seq, turn, fp, work };
         match stream {
             // SAFETY: the caller's promise covers the buffers until we return.
-            None => unsafe { run_settled(&self.inner, kind, seq, turn, &work, settle) },
+            None => unsafe { job.run(&self.inner) },
             Some(s) => {
                 let inner = self.inner.clone();
                 // SAFETY: the caller's promise covers the buffers until the stream runs the job.
-                s.enqueue(Box::new(move || unsafe { run_settled(&inner, kind, seq, turn, &work, settle) }))
+                s.enqueue(Box::new(move || unsafe { job.run(&inner) }))
             }
         }
     }
 }
 
-/// Runs `work`, then the barrier with sequence number `settle` if it has one (see runahead.rs).
-///
-/// # Safety
-/// As [`collectives::execute`].
-unsafe fn run_settled(
-    inner: &CommInner,
+/// A checked operation with everything decided at submit time, alike on every rank.
+struct Job {
     kind: FrameKind,
     seq: u64,
+    /// Its board turn (see collectives/board.rs).
     turn: Option<u64>,
-    work: &Work,
-    settle: Option<u64>,
-) -> Result<()> {
-    // SAFETY: the caller's promise, passed on.
-    let r = unsafe { collectives::execute(&Ctx::new(inner, kind, seq).with_turn(turn), work) };
-    if let (Err(e), FrameKind::Collective) = (&r, kind) {
-        inner.abandon(seq, e);
+    fp: crate::wire::Fingerprint,
+    work: Work,
+}
+
+impl Job {
+    /// Runs it; when it fails on this rank, tells the other members (see
+    /// [`CommInner::abandon`]).
+    ///
+    /// # Safety
+    /// As [`collectives::execute`].
+    unsafe fn run(&self, inner: &CommInner) -> Result<()> {
+        let ctx = Ctx::new(inner, self.kind, self.seq).with_turn(self.turn).with_fingerprint(self.fp);
+        // SAFETY: the caller's promise, passed on.
+        let mut r = unsafe { collectives::execute(&ctx, &self.work) };
+        if r.is_ok() && inner.net.inbox.troubles() != 0 {
+            // Done here, but another rank (or thread) gave it up meanwhile: its result is not
+            // to be trusted.
+            if let Some(e) = inner.net.inbox.health(|h| inner.abandoned(h, self.kind, self.seq)) {
+                r = Err(e);
+            }
+        }
+        if let (Err(e), FrameKind::Collective) = (&r, self.kind) {
+            inner.abandon(self.seq, e);
+        }
+        r
     }
-    r?;
-    match settle {
-        // SAFETY: a barrier touches no buffer.
-        Some(seq) => unsafe { collectives::execute(&Ctx::new(inner, FrameKind::Collective, seq), &Work::Barrier) },
-        None => Ok(()),
+}
+
+/// Holds a communicator for one thread's blocking call (see [`CommInner::enter`]).
+pub(crate) struct Alone<'a>(&'a AtomicBool);
+
+impl Drop for Alone<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }

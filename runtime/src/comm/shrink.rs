@@ -30,7 +30,7 @@ impl Communicator {
     pub fn revoke(&self) {
         let c = &self.inner;
         c.net.inbox.revoke(c.id);
-        let hdr = FrameHeader { kind: FrameKind::Revoke, comm_id: c.id, epoch: c.epoch, seq: 0, tag: 0, len: 0 };
+        let hdr = FrameHeader::control(FrameKind::Revoke, c.id, c.epoch, 0, 0);
         for (r, &w) in c.members.iter().enumerate() {
             if r as u32 != c.rank {
                 // Failed members need no notice.
@@ -49,6 +49,7 @@ impl Communicator {
     pub fn shrink(&self) -> Result<Communicator> {
         let c = &self.inner;
         let _span = tracing::info_span!("shrink", rank = c.rank, epoch = c.epoch).entered();
+        let _alone = c.enter()?;
         if c.aborted.load(Ordering::SeqCst) {
             return Err(Error::new(crate::error::ErrorKind::Aborted, "shrink: the communicator was aborted"));
         }

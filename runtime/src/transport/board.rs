@@ -26,6 +26,7 @@ use super::shm::{futex_wait, futex_wake, Backoff, Segment, Wait, NAP};
 use crate::error::{Error, Result};
 use crate::reduce;
 use crate::types::{DataType, ReduceOp};
+use crate::wire::Fingerprint;
 
 /// Largest payload a board slot holds: allreduces up to this size use the board.
 pub(crate) const BOARD_BYTES: usize = 4096;
@@ -36,11 +37,14 @@ pub(crate) const BOARD_RANKS: u32 = 64;
 /// learns enough for several turns to come (see `Board::known`).
 const TURNS: u64 = 7;
 const LINE: usize = 64;
+/// The sequence word's line: the word, the call's fingerprint, then small payloads.
+const FP_AT: usize = 8;
+const INLINE_AT: usize = FP_AT + Fingerprint::BYTES;
 /// Payloads up to this size travel in the sequence word's cache line.
-const INLINE: usize = LINE - 8;
+const INLINE: usize = LINE - INLINE_AT;
 /// Sequence line (with small payloads inline), then the payload.
 const SLOT: usize = LINE + BOARD_BYTES;
-const MAGIC: u64 = 0x4843_434e_4252_4431; // "HCCNBRD1"
+const MAGIC: u64 = 0x4843_434e_4252_4432; // "HCCNBRD2"
 
 /// Looks a waiter spends spinning (rather than yielding) while no rank it waits for shares its
 /// core, when the host's ranks outnumber its cores.
@@ -79,6 +83,8 @@ pub(crate) struct Watch<'a> {
     pub quick: &'a mut dyn FnMut() -> Result<()>,
     pub stalled: &'a mut dyn FnMut() -> Result<()>,
     pub left: &'a LeftAmong<'a>,
+    /// The error for a post of `rank` whose call differs (its fingerprint).
+    pub differs: &'a dyn Fn(u32, &Fingerprint) -> Error,
 }
 
 /// Given which ranks a wait waits for, the error when one of them left.
@@ -162,8 +168,11 @@ impl Board {
         self.word64(LINE + rank as usize * LINE + 8 + (turn % TURNS) as usize * 8)
     }
     fn payload(&self, rank: u32, turn: u64, len: usize) -> *mut u8 {
-        let at = if len <= INLINE { 8 } else { LINE };
+        let at = if len <= INLINE { INLINE_AT } else { LINE };
         self.at(self.slot(rank, turn) + at)
+    }
+    fn fingerprint(&self, rank: u32, turn: u64) -> *mut u8 {
+        self.at(self.slot(rank, turn) + FP_AT)
     }
 
     fn wake(&self) {
@@ -260,9 +269,9 @@ impl Board {
         known.load(Ordering::Acquire) >= before
     }
 
-    /// Posts this rank's `data` for board operation `turn`, once every rank has folded what its
-    /// slot held `TURNS` turns ago.
-    pub fn post(&self, turn: u64, data: &[u8], watch: &mut Watch<'_>) -> Result<()> {
+    /// Posts this rank's `data` of the call `fp` for board operation `turn`, once every rank has
+    /// folded what its slot held `TURNS` turns ago.
+    pub fn post(&self, turn: u64, data: &[u8], fp: &Fingerprint, watch: &mut Watch<'_>) -> Result<()> {
         if data.len() > BOARD_BYTES {
             return Err(Error::internal(format!("{} bytes do not fit a board slot", data.len())));
         }
@@ -282,16 +291,48 @@ impl Board {
             ))
         })?;
         // SAFETY: the slot is ours: every rank has read its previous turn and none reads it
-        // again before the sequence word below says so; the payload fits (checked above).
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.payload(me, turn, data.len()), data.len()) };
+        // again before the sequence word below says so; the payload fits (checked above), and
+        // the fingerprint has its own bytes in the sequence word's line.
+        unsafe {
+            std::ptr::copy_nonoverlapping(fp.encode().as_ptr(), self.fingerprint(me, turn), Fingerprint::BYTES);
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.payload(me, turn, data.len()), data.len());
+        }
         self.seq(me, turn).store(turn + 1, Ordering::Release);
         self.wake();
         Ok(())
     }
 
     /// Folds every rank's post of `turn` into `acc` in rank order (the same bits on every
-    /// rank): `acc = p0 op p1 op ... op p(n-1)`. This rank's own post must be on the board.
-    pub fn fold(&self, turn: u64, acc: &mut [u8], dt: DataType, op: ReduceOp, watch: &mut Watch<'_>) -> Result<()> {
+    /// rank): `acc = p0 op p1 op ... op p(n-1)`. This rank's own post must be on the board. A
+    /// post of another call (`fp` differs) is never read: that is a mismatch, which every rank
+    /// finds, since every rank looks at every post.
+    pub fn fold(
+        &self,
+        turn: u64,
+        acc: &mut [u8],
+        dt: DataType,
+        op: ReduceOp,
+        fp: &Fingerprint,
+        watch: &mut Watch<'_>,
+    ) -> Result<()> {
+        let r = self.fold_posts(turn, acc, dt, op, fp, watch);
+        // Said for our own post too, and after a failure as well: a later turn of ours may run
+        // on another stream and must not overwrite the slot before this fold has read it, and
+        // a rank that gives up on a turn reads none of it any more.
+        self.folded(self.me, turn).store(turn + 1, Ordering::Release);
+        self.wake();
+        r
+    }
+
+    fn fold_posts(
+        &self,
+        turn: u64,
+        acc: &mut [u8],
+        dt: DataType,
+        op: ReduceOp,
+        fp: &Fingerprint,
+        watch: &mut Watch<'_>,
+    ) -> Result<()> {
         let len = acc.len();
         for rank in 0..self.n {
             let seq = self.seq(rank, turn);
@@ -308,8 +349,15 @@ impl Board {
                 let held = seq.load(Ordering::Relaxed);
                 e.context(format!("board turn {turn}: rank {rank} has not posted (its slot holds turn {held} - 1)"))
             })?;
+            let mut theirs = [0u8; Fingerprint::BYTES];
             // SAFETY: the writer published this slot for `turn` (Acquire above) and does not
-            // touch it again until this rank says below that it folded the turn.
+            // touch it again until this rank says that it folded the turn.
+            unsafe { std::ptr::copy_nonoverlapping(self.fingerprint(rank, turn), theirs.as_mut_ptr(), theirs.len()) };
+            let theirs = Fingerprint::decode(&theirs);
+            if theirs != *fp {
+                return Err((watch.differs)(rank, &theirs));
+            }
+            // SAFETY: as above; the same call posted exactly `len` bytes.
             let post = unsafe { std::slice::from_raw_parts(self.payload(rank, turn, len), len) };
             if rank == 0 {
                 acc.copy_from_slice(post);
@@ -317,10 +365,6 @@ impl Board {
                 reduce::reduce_into(acc, post, dt, op);
             }
         }
-        // Said for our own post too: a later turn of ours may run on another stream and must
-        // not overwrite the slot before this fold has read it.
-        self.folded(self.me, turn).store(turn + 1, Ordering::Release);
-        self.wake();
         Ok(())
     }
 }

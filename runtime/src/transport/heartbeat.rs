@@ -50,7 +50,7 @@ impl Drop for Watchdog {
 }
 
 fn header(kind: FrameKind, len: usize) -> FrameHeader {
-    FrameHeader { kind, comm_id: 0, epoch: 0, seq: 0, tag: 0, len: len as u64 }
+    FrameHeader::control(kind, 0, 0, 0, len)
 }
 
 fn watch(peers: &LinkTable, inbox: &Inbox, every: Duration, dead_after: Duration, stop: &AtomicBool) {

@@ -196,14 +196,7 @@ impl Probe<'_> {
     }
 
     fn send(&self, to: u32, tag: u32, data: &[u8]) -> Result<()> {
-        let hdr = FrameHeader {
-            kind: FrameKind::Collective,
-            comm_id: self.id,
-            epoch: 0,
-            seq: 0,
-            tag,
-            len: data.len() as u64,
-        };
+        let hdr = FrameHeader { tag, ..FrameHeader::control(FrameKind::Collective, self.id, 0, 0, data.len()) };
         self.net.send(to, &hdr, data)
     }
 

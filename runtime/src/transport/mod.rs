@@ -164,6 +164,9 @@ pub(crate) struct Health<'a> {
     pub cuts: &'a BTreeMap<(u32, u32), String>,
     pub revoked: &'a HashSet<u64>,
     pub abandoned: &'a HashMap<(u64, u64), news::Abandoned>,
+    /// Frames waiting for their receives (a wait may look for frames of its own operation from
+    /// other senders: see `Ctx::status`).
+    pub queues: &'a HashMap<Key, VecDeque<Frame>>,
 }
 
 impl InboxState {
@@ -174,6 +177,7 @@ impl InboxState {
             cuts: &self.cuts,
             revoked: &self.revoked,
             abandoned: &self.abandoned,
+            queues: &self.queues,
         }
     }
 }
@@ -457,6 +461,20 @@ impl Inbox {
     /// Why world rank `rank` failed, if it did.
     pub fn failed_reason(&self, rank: u32) -> Option<String> {
         self.lock().failed.get(&rank).map(|f| f.reason.clone())
+    }
+
+    /// The sender and header of a frame of `kind` for (`comm_id`, `seq`) waiting in the inbox,
+    /// from any sender, if one does.
+    pub fn any_frame(&self, kind: FrameKind, comm_id: u64, seq: u64) -> Option<(u32, FrameHeader)> {
+        if self.queued() == 0 {
+            return None;
+        }
+        let st = self.lock();
+        st.queues.iter().find_map(|(k, q)| {
+            (k.kind == kind && k.comm_id == comm_id && k.seq == seq)
+                .then(|| q.front().map(|f| (k.src, f.hdr)))
+                .flatten()
+        })
     }
 
     /// Whether a frame under `key` waits in the inbox.

@@ -68,9 +68,11 @@ const READING: u64 = 2;
 const WITHDRAWN: u64 = 3;
 const RING_BYTES: usize = CTRL + SLOTS as usize * SLOT_BYTES;
 const SEG_BYTES: usize = 2 * RING_BYTES;
-/// A slot header (one cache line): the frame header without magic, version and reserved word
-/// (0..38), flags (38), piece length (40..44), a payload of up to `INLINE` bytes (48..56), so
-/// that the smallest frames cost the receiver one cache line, and the sequence word (56..64).
+/// A slot header (one cache line): the frame's kind (0), flags (1), piece length (4..8),
+/// communicator (8..16), sequence (16..24), tag (24..28), frame length (28..32), fingerprint
+/// (32..48); a payload of up to `INLINE` bytes (48..56), so that the smallest frames cost the
+/// receiver one cache line; and the sequence word (56..64). Magic and version are implied, and
+/// the epoch too: a communicator's id differs at every epoch.
 const INLINE_AT: usize = 48;
 const INLINE: usize = 8;
 const SEQ_AT: usize = 56;
@@ -91,7 +93,7 @@ pub(super) const NAP: Duration = Duration::from_millis(1);
 const SPIN: Duration = Duration::from_micros(20);
 /// How often a waiter yields before it sleeps, when the host's ranks outnumber its cores.
 const OVERSUBSCRIBED_YIELDS: u32 = 100;
-const OFFER_MAGIC: u32 = 0x5348_4d31; // "SHM1"
+const OFFER_MAGIC: u32 = 0x5348_4d32; // "SHM2": slot headers carry fingerprints
 
 /// Identity of the host this process runs on: boot id, host name, and network and mount
 /// namespaces (two namespace "hosts" on one machine are different hosts).
@@ -252,15 +254,18 @@ impl Ring {
         // SAFETY: the slot was published to us (Acquire on its sequence word or on head); we own
         // it until release.
         unsafe { std::ptr::copy_nonoverlapping(p, head.as_mut_ptr(), INLINE_AT) };
-        let len = u32::from_le_bytes([head[40], head[41], head[42], head[43]]) as usize;
-        let first = head[38] & FIRST != 0;
-        // Rebuild the wire header: magic and version are implied, the reserved word is zero.
+        let len = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as usize;
+        let first = head[1] & FIRST != 0;
+        // Rebuild the wire header: magic and version are implied, epoch and reserved words zero.
         let mut h = [0u8; HEADER_LEN];
         h[0..4].copy_from_slice(&wire::MAGIC.to_le_bytes());
         h[4..6].copy_from_slice(&wire::VERSION.to_le_bytes());
-        h[6..36].copy_from_slice(&head[0..30]);
-        h[40..48].copy_from_slice(&head[30..38]);
-        (first.then_some(h), len.min(SLOT_DATA), head[38] & CMA != 0)
+        h[6] = head[0];
+        h[8..16].copy_from_slice(&head[8..16]);
+        h[24..36].copy_from_slice(&head[16..28]);
+        h[40..44].copy_from_slice(&head[28..32]);
+        h[48..64].copy_from_slice(&head[32..48]);
+        (first.then_some(h), len.min(SLOT_DATA), head[1] & CMA != 0)
     }
     /// Slot `n`'s payload: in the header's cache line when it is small enough.
     fn data(&self, n: u64, len: usize) -> &[u8] {
@@ -273,11 +278,15 @@ impl Ring {
         let p = self.slot(n);
         let mut sh = [0u8; SEQ_AT];
         if let Some(h) = head {
-            sh[0..30].copy_from_slice(&h[6..36]);
-            sh[30..38].copy_from_slice(&h[40..48]);
-            sh[38] = FIRST | flags;
+            sh[0] = h[6];
+            sh[1] = FIRST | flags;
+            sh[8..16].copy_from_slice(&h[8..16]);
+            sh[16..28].copy_from_slice(&h[24..36]);
+            // Frame lengths are at most MAX_CHUNK_BYTES (or a descriptor's few bytes).
+            sh[28..32].copy_from_slice(&h[40..44]);
+            sh[32..48].copy_from_slice(&h[48..64]);
         }
-        sh[40..44].copy_from_slice(&(data.len() as u32).to_le_bytes());
+        sh[4..8].copy_from_slice(&(data.len() as u32).to_le_bytes());
         if data.len() <= INLINE {
             sh[INLINE_AT..INLINE_AT + data.len()].copy_from_slice(data);
         }
@@ -290,6 +299,7 @@ impl Ring {
         }
         self.seq(n).store(n + 1, Ordering::Release);
     }
+
     /// Slot `n`'s sequence word: `n + 1` once slot `n` is published. A consumer polls this
     /// (the line it reads next anyway) rather than `head`, one cache miss less per frame.
     fn seq(&self, n: u64) -> &AtomicU64 {
@@ -930,8 +940,9 @@ impl Shm {
                     }
                 }
                 // Noted now, returned only after one more look at the ring below: what the
-                // peer wrote before it died or left is still delivered.
-                if inbox.troubles() != 0 {
+                // peer wrote before it died or left is still delivered. (Frames of others wait
+                // in the inbox too: they may show that this wait is in vain.)
+                if inbox.troubles() != 0 || inbox.queued() > 0 {
                     ended = inbox.ended(key.src, status);
                     if withdrawn.is_none() && inbox.given_up(key) {
                         withdrawn = Some(Instant::now());
@@ -1489,7 +1500,7 @@ mod tests {
     }
 
     fn hdr(seq: u64, len: usize) -> FrameHeader {
-        FrameHeader { kind: FrameKind::Collective, comm_id: 7, epoch: 0, seq, tag: 3, len: len as u64 }
+        FrameHeader { tag: 3, ..FrameHeader::control(FrameKind::Collective, 7, 0, seq, len) }
     }
 
     fn key(seq: u64) -> Key {

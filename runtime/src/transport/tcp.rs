@@ -124,7 +124,7 @@ impl Link for TcpLink {
 
     fn heartbeat(&self) {
         if let Ok(sock) = self.writer.try_lock() {
-            let beat = FrameHeader { kind: FrameKind::Heartbeat, comm_id: 0, epoch: 0, seq: 0, tag: 0, len: 0 };
+            let beat = FrameHeader::control(FrameKind::Heartbeat, 0, 0, 0, 0);
             let b = beat.encode();
             // Never wait: a full socket buffer means the peer has data to read from us already.
             // SAFETY: `b` is a readable buffer of its length; the fd belongs to `sock`.
@@ -270,7 +270,15 @@ impl TcpLink {
     }
 }
 
-const GOODBYE: FrameHeader = FrameHeader { kind: FrameKind::Goodbye, comm_id: 0, epoch: 0, seq: 0, tag: 0, len: 0 };
+const GOODBYE: FrameHeader = FrameHeader {
+    kind: FrameKind::Goodbye,
+    comm_id: 0,
+    epoch: 0,
+    seq: 0,
+    tag: 0,
+    len: 0,
+    fp: crate::wire::Fingerprint { op: 0, dtype: 0, redop: 0, root: 0, count: 0 },
+};
 
 /// What a broken connection says of the peer: an end without a goodbye, or a reset, is its
 /// process gone (the kernel closes a dead process's sockets); anything else only a lost link.
@@ -917,7 +925,7 @@ mod tests {
     }
 
     fn collective(seq: u64, len: usize) -> FrameHeader {
-        FrameHeader { kind: FrameKind::Collective, comm_id: 9, epoch: 0, seq, tag: 3, len: len as u64 }
+        FrameHeader { tag: 3, ..FrameHeader::control(FrameKind::Collective, 9, 0, seq, len) }
     }
 
     fn key(seq: u64) -> Key {

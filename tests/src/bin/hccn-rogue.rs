@@ -122,7 +122,7 @@ fn attack(
     }
     // A valid frame header announcing an absurd payload, instead of a handshake.
     if let Some(mut s) = connect(addr) {
-        let h = FrameHeader { kind: FrameKind::Collective, comm_id: 1, epoch: 0, seq: 1, tag: 0, len: u64::MAX };
+        let h = FrameHeader { len: u64::MAX, ..FrameHeader::control(FrameKind::Collective, 1, 0, 1, 0) };
         let _ = s.write_all(&h.encode());
         let _ = s.write_all(&random_bytes(4096, seed));
         let _ = s.shutdown(std::net::Shutdown::Write);

@@ -1,0 +1,199 @@
+//! The fingerprint of a call (`wire::Fingerprint`): what every rank's call of one operation must
+//! agree on. Every frame and every board post of an operation carries it, and a receiver whose
+//! own call differs fails with HCCN_ERROR_MISMATCH, saying what differed in the caller's terms,
+//! instead of mixing two different calls' data. Operations whose data does not flow from every
+//! rank to every rank (rooted ones, count 0) end with a barrier that carries it (see
+//! `verify.rs`), so that every rank of a mismatched call learns of it.
+
+use super::Op;
+use crate::types::{DataType, ReduceOp};
+use crate::wire::Fingerprint;
+
+/// The operation kinds, by the numbers a fingerprint carries (never renumbered).
+const KINDS: &[(u8, &str)] = &[
+    (1, "allreduce"),
+    (2, "allreduce_compressed"),
+    (3, "broadcast"),
+    (4, "reduce"),
+    (5, "allgather"),
+    (6, "allgatherv"),
+    (7, "reduce_scatter"),
+    (8, "gather"),
+    (9, "scatter"),
+    (10, "alltoall"),
+    (11, "alltoallv"),
+    (12, "send/recv"),
+    (13, "barrier"),
+];
+
+const NO_ROOT: u32 = u32::MAX;
+
+fn kind(name: &str) -> u8 {
+    KINDS.iter().find(|k| k.1 == name).map_or(0, |k| k.0)
+}
+
+fn kind_name(code: u8) -> &'static str {
+    KINDS.iter().find(|k| k.0 == code).map_or("an unknown operation", |k| k.1)
+}
+
+fn fp(name: &str, dt: Option<DataType>, op: Option<ReduceOp>, root: u32, count: u64) -> Fingerprint {
+    Fingerprint {
+        op: kind(name),
+        dtype: dt.map_or(0, |d| d as u8 + 1),
+        redop: op.map_or(0, |o| o as u8 + 1),
+        root,
+        count,
+    }
+}
+
+/// A digest of a counts array (allgatherv): equal arrays give equal digests.
+fn digest(counts: &[u64]) -> u64 {
+    counts.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, c| (h ^ c).wrapping_mul(0x100_0000_01b3))
+}
+
+/// The fingerprint of `op` as the caller passed it. Send and receive share one kind, so that a
+/// receive checks the element count and type of the send it matches.
+pub(crate) fn of(op: &Op) -> Fingerprint {
+    match op {
+        Op::AllReduce { count, dt, op, .. } => fp("allreduce", Some(*dt), Some(*op), NO_ROOT, *count),
+        // The wire type goes where a root would: both must agree.
+        Op::AllReduceCompressed { count, dt, wire, op, .. } => {
+            fp("allreduce_compressed", Some(*dt), Some(*op), *wire as u32, *count)
+        }
+        Op::Broadcast { count, dt, root, .. } => fp("broadcast", Some(*dt), None, *root, *count),
+        Op::Reduce { count, dt, op, root, .. } => fp("reduce", Some(*dt), Some(*op), *root, *count),
+        Op::AllGather { send_count, dt, .. } => fp("allgather", Some(*dt), None, NO_ROOT, *send_count),
+        Op::AllGatherV { recv_counts, dt, .. } => fp("allgatherv", Some(*dt), None, NO_ROOT, digest(recv_counts)),
+        Op::ReduceScatter { recv_count, dt, op, .. } => {
+            fp("reduce_scatter", Some(*dt), Some(*op), NO_ROOT, *recv_count)
+        }
+        Op::Gather { send_count, dt, root, .. } => fp("gather", Some(*dt), None, *root, *send_count),
+        Op::Scatter { recv_count, dt, root, .. } => fp("scatter", Some(*dt), None, *root, *recv_count),
+        Op::AllToAll { count_per_rank, dt, .. } => fp("alltoall", Some(*dt), None, NO_ROOT, *count_per_rank),
+        // Each pair's block lengths are checked frame by frame.
+        Op::AllToAllV { dt, .. } => fp("alltoallv", Some(*dt), None, NO_ROOT, 0),
+        Op::Send { count, dt, .. } | Op::Recv { count, dt, .. } => fp("send/recv", Some(*dt), None, NO_ROOT, *count),
+        Op::Barrier => fp("barrier", None, None, NO_ROOT, 0),
+    }
+}
+
+/// The bytes of an allreduce's buffer (what decides whether it takes the board); `None` for
+/// other calls.
+pub(crate) fn allreduce_bytes(f: &Fingerprint) -> Option<usize> {
+    let dt = DataType::from_raw(f.dtype.checked_sub(1)?.into()).ok()?;
+    (f.op == kind("allreduce")).then(|| (f.count as usize).saturating_mul(dt.size()))
+}
+
+/// Whether the call's per-rank counts are outside its fingerprint (alltoallv: only the pair a
+/// block concerns can check it).
+pub(crate) fn varies(f: &Fingerprint) -> bool {
+    f.op == kind("alltoallv")
+}
+
+/// The call a fingerprint stands for, as the caller wrote it: "allreduce of 100 fp32 elements
+/// (sum)", "broadcast of 8 int8 elements from root 2".
+pub(crate) fn describe(f: &Fingerprint) -> String {
+    let name = kind_name(f.op);
+    if name == "barrier" {
+        return "barrier".to_owned();
+    }
+    let dt = f.dtype.checked_sub(1).and_then(|d| DataType::from_raw(d.into()).ok());
+    let mut out = match (name, dt) {
+        ("allgatherv", Some(dt)) => {
+            format!("allgatherv of {} elements (receive counts digest {:016x})", dt.name(), f.count)
+        }
+        ("alltoallv", Some(dt)) => format!("alltoallv of {} elements", dt.name()),
+        (_, Some(dt)) => format!("{name} of {} {} elements", f.count, dt.name()),
+        (_, None) => name.to_owned(),
+    };
+    if let Some(op) = f.redop.checked_sub(1).and_then(|o| ReduceOp::from_raw(o.into()).ok()) {
+        out.push_str(&format!(" ({})", op.name()));
+    }
+    match name {
+        "allreduce_compressed" => {
+            let wire = DataType::from_raw(f.root).map_or("?", |d| d.name());
+            out.push_str(&format!(" carried as {wire}"));
+        }
+        _ if f.root != NO_ROOT => out.push_str(&format!(" from root {}", f.root)),
+        _ => {}
+    }
+    out
+}
+
+/// What differs between two calls, in the caller's terms: "the element counts differ (100 and
+/// 200)".
+pub(crate) fn difference(a: &Fingerprint, b: &Fingerprint) -> String {
+    let mut parts = Vec::new();
+    if a.op != b.op {
+        parts.push(format!("different operations ({} and {})", kind_name(a.op), kind_name(b.op)));
+    } else {
+        if a.dtype != b.dtype {
+            parts.push("the data types differ".to_owned());
+        }
+        if a.count != b.count {
+            parts.push(match kind_name(a.op) {
+                "allgatherv" => "the receive counts differ".to_owned(),
+                _ => format!("the element counts differ ({} and {})", a.count, b.count),
+            });
+        }
+        if a.redop != b.redop {
+            parts.push("the reduce operations differ".to_owned());
+        }
+        if a.root != b.root {
+            parts.push(match kind_name(a.op) {
+                "allreduce_compressed" => "the wire types differ".to_owned(),
+                _ => format!("the roots differ ({} and {})", a.root, b.root),
+            });
+        }
+    }
+    parts.join(", ")
+}
+
+/// The error of a call that met another rank's different call of the same operation.
+pub(crate) fn mismatch(mine: &Fingerprint, me: u32, theirs: &Fingerprint, them: u32) -> crate::error::Error {
+    crate::error::Error::new(
+        crate::error::ErrorKind::Mismatch,
+        format!(
+            "ranks called collective operation differently: rank {them} called {}, rank {me} called {}: {}",
+            describe(theirs),
+            describe(mine),
+            difference(mine, theirs)
+        ),
+    )
+    .with_failed(vec![them, me])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collectives::Ptr;
+
+    fn allreduce(count: u64, dt: DataType, op: ReduceOp) -> Fingerprint {
+        of(&Op::AllReduce { send: Ptr::null(), recv: Ptr::null(), count, dt, op })
+    }
+
+    #[test]
+    fn mismatches_are_told_in_the_callers_terms() {
+        let a = allreduce(100, DataType::Fp32, ReduceOp::Sum);
+        let b = allreduce(200, DataType::Fp32, ReduceOp::Sum);
+        assert_eq!(describe(&a), "allreduce of 100 fp32 elements (sum)");
+        assert_eq!(difference(&a, &b), "the element counts differ (100 and 200)");
+        let c = allreduce(100, DataType::Fp64, ReduceOp::Max);
+        assert_eq!(difference(&a, &c), "the data types differ, the reduce operations differ");
+        let bcast = |root| of(&Op::Broadcast { buf: Ptr::null(), count: 8, dt: DataType::Int8, root });
+        assert_eq!(describe(&bcast(2)), "broadcast of 8 int8 elements from root 2");
+        assert_eq!(difference(&bcast(0), &bcast(1)), "the roots differ (0 and 1)");
+        assert!(difference(&a, &bcast(0)).starts_with("different operations (allreduce and broadcast)"));
+        let e = mismatch(&a, 0, &b, 1);
+        assert_eq!(e.kind(), crate::error::ErrorKind::Mismatch);
+        assert!(e.message().contains("rank 1 called allreduce of 200"), "{}", e.message());
+        assert_eq!(e.failed_ranks(), &[1, 0]);
+    }
+
+    #[test]
+    fn a_send_and_its_receive_share_a_fingerprint() {
+        let send = of(&Op::Send { buf: Ptr::null(), count: 5, dt: DataType::Int32, peer: 1 });
+        let recv = of(&Op::Recv { buf: Ptr::null(), count: 5, dt: DataType::Int32, peer: 0 });
+        assert_eq!(send, recv);
+    }
+}

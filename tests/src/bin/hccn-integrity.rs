@@ -1,0 +1,366 @@
+//! Calls that must never give a quiet wrong result, for one rank of a job started by hccnrun,
+//! through the C ABI. Lines starting with an upper-case word are read by tests/tests/integrity.rs.
+//!
+//! - `mismatch`: every collective called with one argument differing on the last rank (count,
+//!   data type, reduce op, root, the kind of operation, count 0 against a count), small enough
+//!   for the shared-memory board and large enough for messages, and across the two; every rank
+//!   must get HCCN_ERROR_MISMATCH (107). Each case runs on a fresh group of all ranks; after it,
+//!   an exact allreduce on the same group shows whether the group still works (`usable=`), and
+//!   one on a new group that the job goes on.
+//! - `threads`: two threads call blocking allreduces on one communicator at once, many times;
+//!   every call either returns HCCN_ERROR_BUSY (108) at once or the exact result.
+
+use std::ffi::c_void;
+use std::process::ExitCode;
+
+use hccn::*;
+use hccn_runtime::{DataType, Op, Ptr, ReduceOp};
+use hccn_tests::capi::{check, CComm};
+use hccn_tests::Coll;
+
+/// Elements every buffer holds: enough for the largest call of any case on any rank.
+const CAP: usize = 1 << 16;
+
+/// One mismatch case: the call of rank `r` of `n`.
+struct Case {
+    name: &'static str,
+    call: fn(r: u32, n: u32, bufs: &mut Bufs) -> Op,
+}
+
+struct Bufs {
+    send: Vec<f64>,
+    recv: Vec<f64>,
+    counts: Vec<u64>,
+    displs: Vec<u64>,
+}
+
+impl Bufs {
+    fn send(&self) -> Ptr {
+        Ptr::from_const(self.send.as_ptr())
+    }
+    fn recv(&mut self) -> Ptr {
+        Ptr::from_mut(self.recv.as_mut_ptr())
+    }
+}
+
+fn last(r: u32, n: u32) -> bool {
+    r == n - 1
+}
+
+/// A count that differs on the last rank: `small` (board) or large (messages) elements.
+fn count(r: u32, n: u32, base: u64) -> u64 {
+    if last(r, n) {
+        base * 2
+    } else {
+        base
+    }
+}
+
+const SMALL: u64 = 100;
+const LARGE: u64 = 3000;
+
+fn cases() -> Vec<Case> {
+    macro_rules! case {
+        ($name:expr, |$r:ident, $n:ident, $b:ident| $op:expr) => {
+            Case { name: $name, call: |$r, $n, $b| $op }
+        };
+    }
+    vec![
+        case!("allreduce-count-board", |r, n, b| Op::AllReduce {
+            send: b.send(),
+            recv: b.recv(),
+            count: count(r, n, SMALL),
+            dt: DataType::Fp32,
+            op: ReduceOp::Sum
+        }),
+        case!("allreduce-count-messages", |r, n, b| Op::AllReduce {
+            send: b.send(),
+            recv: b.recv(),
+            count: count(r, n, LARGE),
+            dt: DataType::Fp32,
+            op: ReduceOp::Sum
+        }),
+        case!("allreduce-board-against-messages", |r, n, b| Op::AllReduce {
+            send: b.send(),
+            recv: b.recv(),
+            count: if last(r, n) { LARGE } else { SMALL },
+            dt: DataType::Fp32,
+            op: ReduceOp::Sum
+        }),
+        case!("allreduce-zero-against-some", |r, n, b| Op::AllReduce {
+            send: b.send(),
+            recv: b.recv(),
+            count: if last(r, n) { 0 } else { SMALL },
+            dt: DataType::Fp32,
+            op: ReduceOp::Sum
+        }),
+        case!("allreduce-dtype-board", |r, n, b| Op::AllReduce {
+            send: b.send(),
+            recv: b.recv(),
+            count: SMALL,
+            dt: if last(r, n) { DataType::Fp64 } else { DataType::Fp32 },
+            op: ReduceOp::Sum
+        }),
+        case!("allreduce-dtype-messages", |r, n, b| Op::AllReduce {
+            send: b.send(),
+            recv: b.recv(),
+            count: LARGE,
+            dt: if last(r, n) { DataType::Fp64 } else { DataType::Fp32 },
+            op: ReduceOp::Sum
+        }),
+        case!("allreduce-op", |r, n, b| Op::AllReduce {
+            send: b.send(),
+            recv: b.recv(),
+            count: SMALL,
+            dt: DataType::Fp32,
+            op: if last(r, n) { ReduceOp::Max } else { ReduceOp::Sum }
+        }),
+        case!("allreduce-against-broadcast", |r, n, b| if last(r, n) {
+            Op::Broadcast { buf: b.recv(), count: LARGE, dt: DataType::Fp32, root: 0 }
+        } else {
+            Op::AllReduce { send: b.send(), recv: b.recv(), count: LARGE, dt: DataType::Fp32, op: ReduceOp::Sum }
+        }),
+        case!("broadcast-root", |r, _n, b| Op::Broadcast {
+            buf: b.recv(),
+            count: SMALL,
+            dt: DataType::Fp32,
+            root: r % 2
+        }),
+        case!("broadcast-root-messages", |r, n, b| Op::Broadcast {
+            buf: b.recv(),
+            count: LARGE,
+            dt: DataType::Fp32,
+            root: if last(r, n) { 1 } else { 0 }
+        }),
+        case!("broadcast-count", |r, n, b| Op::Broadcast {
+            buf: b.recv(),
+            count: count(r, n, LARGE),
+            dt: DataType::Fp32,
+            root: 0
+        }),
+        case!("reduce-root", |r, n, b| Op::Reduce {
+            send: b.send(),
+            recv: b.recv(),
+            count: SMALL,
+            dt: DataType::Fp32,
+            op: ReduceOp::Sum,
+            root: if last(r, n) { 1 } else { 0 }
+        }),
+        case!("reduce-op", |r, n, b| Op::Reduce {
+            send: b.send(),
+            recv: b.recv(),
+            count: LARGE,
+            dt: DataType::Fp32,
+            op: if last(r, n) { ReduceOp::Min } else { ReduceOp::Sum },
+            root: 0
+        }),
+        case!("allgather-count", |r, n, b| Op::AllGather {
+            send: b.send(),
+            recv: b.recv(),
+            send_count: count(r, n, SMALL),
+            dt: DataType::Fp32
+        }),
+        case!("allgather-dtype", |r, n, b| Op::AllGather {
+            send: b.send(),
+            recv: b.recv(),
+            send_count: SMALL,
+            dt: if last(r, n) { DataType::Int32 } else { DataType::Fp32 }
+        }),
+        case!("allgatherv-counts", |r, n, b| {
+            b.counts = (0..n).map(|i| 10 + u64::from(i) + if last(r, n) { 1 } else { 0 }).collect();
+            b.displs = (0..n).map(|i| u64::from(i) * 100).collect();
+            Op::AllGatherV {
+                send: b.send(),
+                send_count: b.counts[r as usize],
+                recv: b.recv(),
+                recv_counts: b.counts.clone(),
+                displs: b.displs.clone(),
+                dt: DataType::Fp32,
+            }
+        }),
+        case!("reduce-scatter-count", |r, n, b| Op::ReduceScatter {
+            send: b.send(),
+            recv: b.recv(),
+            recv_count: count(r, n, SMALL),
+            dt: DataType::Fp32,
+            op: ReduceOp::Sum
+        }),
+        case!("gather-root", |r, n, b| Op::Gather {
+            send: b.send(),
+            recv: b.recv(),
+            send_count: SMALL,
+            dt: DataType::Fp32,
+            root: if last(r, n) { 1 } else { 0 }
+        }),
+        case!("gather-count", |r, n, b| Op::Gather {
+            send: b.send(),
+            recv: b.recv(),
+            send_count: count(r, n, SMALL),
+            dt: DataType::Fp32,
+            root: 0
+        }),
+        case!("scatter-root", |r, n, b| Op::Scatter {
+            send: b.send(),
+            recv: b.recv(),
+            recv_count: SMALL,
+            dt: DataType::Fp32,
+            root: if last(r, n) { 1 } else { 0 }
+        }),
+        case!("alltoall-count", |r, n, b| Op::AllToAll {
+            send: b.send(),
+            recv: b.recv(),
+            count_per_rank: count(r, n, SMALL),
+            dt: DataType::Fp32
+        }),
+        case!("alltoallv-counts", |r, n, b| {
+            // Every rank sends 10 to each; the last rank expects 11 from rank 0.
+            b.counts = vec![10; n as usize];
+            b.displs = (0..n).map(|i| u64::from(i) * 100).collect();
+            let mut recv_counts = b.counts.clone();
+            if last(r, n) {
+                recv_counts[0] = 11;
+            }
+            Op::AllToAllV {
+                send: b.send(),
+                send_counts: b.counts.clone(),
+                send_displs: b.displs.clone(),
+                recv: b.recv(),
+                recv_counts,
+                recv_displs: b.displs.clone(),
+                dt: DataType::Fp32,
+            }
+        }),
+        case!("barrier-against-allreduce", |r, n, b| if last(r, n) {
+            Op::Barrier
+        } else {
+            Op::AllReduce { send: b.send(), recv: b.recv(), count: LARGE, dt: DataType::Fp32, op: ReduceOp::Sum }
+        }),
+    ]
+}
+
+fn group(c: &CComm) -> Result<CComm, (u32, String)> {
+    let ranks: Vec<u32> = (0..c.size()).collect();
+    let mut out = std::ptr::null_mut();
+    // SAFETY: valid handle, list and out pointer.
+    check(unsafe { hccn_new_group(c.comm, ranks.as_ptr(), ranks.len() as u32, &mut out) })?;
+    Ok(CComm { comm: out })
+}
+
+/// One exact allreduce: Ok when every element is right.
+fn exact(c: &CComm) -> Result<(), String> {
+    let n = c.size();
+    let send: Vec<f32> = (0..1000).map(|j| (j % 7) as f32 + c.rank() as f32).collect();
+    let mut recv = vec![0f32; send.len()];
+    // SAFETY: both buffers hold 1000 floats for the blocking call.
+    check(unsafe {
+        hccn_allreduce(
+            send.as_ptr().cast::<c_void>(),
+            recv.as_mut_ptr().cast(),
+            1000,
+            4,
+            0,
+            c.comm,
+            std::ptr::null_mut(),
+        )
+    })
+    .map_err(|(code, msg)| format!("code {code}: {msg}"))?;
+    let want = |j: usize| (n as usize * (j % 7) + (n as usize * (n as usize - 1)) / 2) as f32;
+    match recv.iter().enumerate().find(|(j, v)| **v != want(*j)) {
+        Some((j, v)) => Err(format!("element {j} is {v}, not {}", want(j))),
+        None => Ok(()),
+    }
+}
+
+fn mismatch(world: &CComm) -> ExitCode {
+    let (r, n) = (world.rank(), world.size());
+    let mut bufs = Bufs { send: vec![1.0; CAP], recv: vec![0.0; CAP * n as usize], counts: vec![], displs: vec![] };
+    let mut bad = false;
+    for case in cases() {
+        let g = match group(world) {
+            Ok(g) => g,
+            Err((code, msg)) => {
+                println!("GROUP_FAILED case={} code={code} msg={msg}", case.name);
+                return ExitCode::FAILURE;
+            }
+        };
+        let op = (case.call)(r, n, &mut bufs);
+        let t = std::time::Instant::now();
+        // SAFETY: every buffer holds more than any case's call reads or writes.
+        let got = unsafe { g.run(op) };
+        let ms = t.elapsed().as_millis();
+        let (code, msg) = got.err().unwrap_or((0, String::new()));
+        let usable = exact(&g).is_ok();
+        println!("CASE {} code={code} ms={ms} usable={usable} msg={msg}", case.name);
+        bad |= code != 107;
+        // The job goes on, whatever became of the group.
+        let fresh = group(world).map_err(|(c, m)| format!("code {c}: {m}")).and_then(|g| exact(&g));
+        if let Err(e) = fresh {
+            println!("AFTER case={} {e}", case.name);
+            return ExitCode::FAILURE;
+        }
+    }
+    if bad {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn threads(c: &CComm) -> ExitCode {
+    let n = c.size();
+    let comm = c.comm as usize;
+    let run = move |me: u32| {
+        let (mut ok, mut busy, mut wrong, mut other) = (0u32, 0u32, 0u32, 0u32);
+        for i in 0..400u32 {
+            let val = (me * 1000 + i) as f32;
+            let send = vec![val; 64];
+            let mut recv = vec![0f32; 64];
+            // SAFETY: the communicator lives until both threads are joined; buffers live for the call.
+            let r = check(unsafe {
+                hccn_allreduce(
+                    send.as_ptr().cast::<c_void>(),
+                    recv.as_mut_ptr().cast(),
+                    64,
+                    4,
+                    0,
+                    comm as *mut hccn_comm,
+                    std::ptr::null_mut(),
+                )
+            });
+            match r {
+                Ok(()) if recv.iter().all(|v| *v == val * n as f32) => ok += 1,
+                Ok(()) => wrong += 1,
+                Err((108, _)) => busy += 1,
+                Err(_) => other += 1,
+            }
+        }
+        (ok, busy, wrong, other)
+    };
+    // Every rank's thread `t` uses values of its own series: a call paired with another thread's
+    // call on another rank would sum values of two series and show as wrong.
+    let a = std::thread::spawn(move || run(1));
+    let b = std::thread::spawn(move || run(2));
+    let (a, b) = (a.join(), b.join());
+    let (Ok(a), Ok(b)) = (a, b) else {
+        println!("THREADS panicked");
+        return ExitCode::FAILURE;
+    };
+    println!("THREADS ok={} busy={} wrong={} other={}", a.0 + b.0, a.1 + b.1, a.2 + b.2, a.3 + b.3);
+    ExitCode::SUCCESS
+}
+
+fn main() -> ExitCode {
+    let mode = std::env::args().nth(1).unwrap_or_default();
+    let comm = match hccn_tests::capi::start_worker() {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    match mode.as_str() {
+        "mismatch" => mismatch(&comm),
+        "threads" => threads(&comm),
+        other => {
+            eprintln!("unknown mode {other:?}");
+            ExitCode::from(2)
+        }
+    }
+}
