@@ -18,6 +18,7 @@ const LEFT: &str = "/left";
 /// What the background thread needs; `key` and `watch` are full etcd keys.
 pub(crate) struct Spec {
     pub endpoints: Vec<String>,
+    pub options: ConnectOptions,
     pub timeout: Duration,
     pub key: String,
     pub value: Vec<u8>,
@@ -83,8 +84,8 @@ struct Live {
 }
 
 async fn start(spec: &Spec) -> Result<Live> {
-    let opts = ConnectOptions::new().with_connect_timeout(spec.timeout).with_timeout(spec.timeout);
-    let mut client = Client::connect(&spec.endpoints, Some(opts)).await.map_err(|e| err("connect", e))?;
+    let mut client =
+        Client::connect(&spec.endpoints, Some(spec.options.clone())).await.map_err(|e| err("connect", e))?;
     let ttl = spec.ttl.as_secs().max(1) as i64;
     let grant = client.lease_grant(ttl, None).await.map_err(|e| err("lease grant", e))?;
     // Watch before publishing, so that no sibling's departure can fall between the two.
