@@ -3,12 +3,12 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hccn_recovery::EtcdStore;
-use hccn_runtime::rendezvous::Store;
+use hccn_runtime::rendezvous::{EtcdAccess, EtcdCluster, Store};
 use hccn_runtime::ErrorKind;
-use hccn_tests::etcd::EtcdServer;
+use hccn_tests::etcd::{Certs, EtcdServer};
 use hccn_tests::launch;
 
 #[test]
@@ -153,4 +153,76 @@ fn with_etcd_a_shrink_records_its_decision() {
     let store = EtcdStore::connect(std::slice::from_ref(&etcd.endpoint), Duration::from_secs(10)).expect("connect");
     let record = store.get(&format!("job/{job}/world0/epochs/1"), Duration::from_secs(5)).expect("decision recorded");
     assert_eq!(record, 3u32.to_le_bytes().to_vec(), "the decision names rank 3 as failed");
+}
+
+/// A store connection with the given TLS files and login; the error's kind and text on failure.
+fn connect_with(
+    etcd: &EtcdServer,
+    ca: Option<PathBuf>,
+    client: Option<(PathBuf, PathBuf)>,
+    login: Option<(&str, &str)>,
+) -> Result<EtcdStore, (ErrorKind, String)> {
+    let (cert, key) = client.map_or((None, None), |(c, k)| (Some(c), Some(k)));
+    let access = EtcdAccess {
+        ca,
+        cert,
+        key,
+        user: login.map(|(u, _)| u.to_owned()),
+        password: login.map(|(_, p)| p.to_owned()),
+    };
+    let cluster = EtcdCluster { endpoints: vec![etcd.endpoint.clone()], access };
+    EtcdStore::connect_to(&cluster, Duration::from_secs(10)).map_err(|e| (e.kind(), e.to_string()))
+}
+
+/// A refusal is a store error that names the cause, and comes at once (not after the timeout).
+fn assert_refused(what: &str, r: Result<EtcdStore, (ErrorKind, String)>, started: Instant, needle: &str) {
+    let (kind, msg) = r.err().unwrap_or_else(|| panic!("{what}: accepted"));
+    eprintln!("{what}: {msg}");
+    assert_eq!(kind, ErrorKind::Store, "{what}: {msg}");
+    assert!(msg.contains(needle), "{what}: the message does not name {needle:?}: {msg}");
+    assert!(started.elapsed() < Duration::from_secs(5), "{what}: refused only after {:?}: {msg}", started.elapsed());
+}
+
+#[test]
+fn etcd_over_tls_with_client_certificates() {
+    let certs = Certs::make("tls").expect("certificates");
+    let etcd = EtcdServer::start_tls(&certs.server()).expect("etcd with TLS");
+    let store = connect_with(&etcd, Some(certs.ca()), Some(certs.client()), None).expect("the right certificates");
+    store.set("tls/k", b"v").expect("set over TLS");
+    assert_eq!(store.get("tls/k", Duration::from_secs(5)).ok(), Some(b"v".to_vec()));
+    let t = Instant::now();
+    assert_refused("a plain client", connect_with(&etcd, None, None, None), t, "HCCN_ETCD_CA");
+    let t = Instant::now();
+    assert_refused("no client certificate", connect_with(&etcd, Some(certs.ca()), None, None), t, "HCCN_ETCD_CERT");
+    let t = Instant::now();
+    let rogue = connect_with(&etcd, Some(certs.ca()), Some(certs.rogue_client()), None);
+    assert_refused("a client certificate of another CA", rogue, t, "HCCN_ETCD_CERT");
+    let t = Instant::now();
+    let wrong_ca = connect_with(&etcd, Some(certs.rogue_ca()), Some(certs.client()), None);
+    assert_refused("a CA that did not sign the server", wrong_ca, t, "HCCN_ETCD_CA");
+}
+
+#[test]
+fn etcd_with_authentication_takes_a_user_and_password() {
+    let etcd = EtcdServer::start().expect("etcd");
+    hccn_tests::etcd::enable_auth(&etcd.endpoint, "s3cret").expect("auth enabled");
+    let store = connect_with(&etcd, None, None, Some(("root", "s3cret"))).expect("the right password");
+    store.set("auth/k", b"v").expect("set as root");
+    assert_eq!(store.get("auth/k", Duration::from_secs(5)).ok(), Some(b"v".to_vec()));
+    let t = Instant::now();
+    assert_refused(
+        "a wrong password",
+        connect_with(&etcd, None, None, Some(("root", "guess"))),
+        t,
+        "HCCN_ETCD_USER=root",
+    );
+    let t = Instant::now();
+    assert_refused(
+        "an unknown user",
+        connect_with(&etcd, None, None, Some(("mallory", "x"))),
+        t,
+        "HCCN_ETCD_USER=mallory",
+    );
+    let t = Instant::now();
+    assert_refused("no login", connect_with(&etcd, None, None, None), t, "HCCN_ETCD_USER");
 }
