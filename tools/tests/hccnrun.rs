@@ -401,3 +401,45 @@ fn elastic_gives_up_when_restarts_run_out_or_too_few_ranks_remain() {
     let bad = run(&["--min-ranks", "2", "-n", "2", "true"], Duration::from_secs(10));
     assert_eq!(bad.status.code(), Some(2), "--min-ranks without --elastic is a usage error: {bad:#?}");
 }
+
+/// Entries of a /proc directory (threads in `task`, descriptors in `fd`) of process `pid`.
+fn proc_count(pid: u32, what: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/{what}")).map(|d| d.count()).unwrap_or(0)
+}
+
+#[test]
+fn a_flood_of_connections_costs_the_store_a_bounded_number_of_threads() {
+    use hccn_runtime::rendezvous::{Store, TcpStore};
+    let mut job = Job::start(&["-n", "1", "sh", "-c", "echo STORE $HCCN_STORE $HCCN_JOB_TOKEN; exec sleep 60"], &[]);
+    let up = job.wait_for(Duration::from_secs(15), |l| l.iter().any(|l| l.contains("] STORE tcp://")));
+    let line = job.stdout.iter().find(|l| l.contains("] STORE tcp://")).cloned().unwrap_or_default();
+    let hccnrun = job.child.id();
+    let (before_threads, before_fds) = (proc_count(hccnrun, "task"), proc_count(hccnrun, "fd"));
+    let mut words = line.split_whitespace().skip(2);
+    let addr: std::net::SocketAddr =
+        words.next().and_then(|u| u.strip_prefix("tcp://")).and_then(|a| a.parse().ok()).expect("store address");
+    let token = words.next().unwrap_or_default().to_owned();
+    // 500 connections that never say a word, as a flood from someone without the token would.
+    let silent: Vec<std::net::TcpStream> = (0..500).filter_map(|_| std::net::TcpStream::connect(addr).ok()).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let (threads, fds) = (proc_count(hccnrun, "task"), proc_count(hccnrun, "fd"));
+    // A member still gets in and is served.
+    let started = Instant::now();
+    let member = TcpStore::connect(addr, token.as_bytes(), Duration::from_secs(10)).map_err(|e| e.to_string());
+    let served = member.and_then(|m| {
+        m.set("flood/k", b"v").and_then(|()| m.get("flood/k", Duration::from_secs(5))).map_err(|e| e.to_string())
+    });
+    let waited = started.elapsed();
+    drop(silent);
+    job.signal(libc::SIGTERM);
+    let f = job.finish(Duration::from_secs(30));
+    assert!(up, "the rank did not start: {f:#?}");
+    assert_eq!(served.as_deref().ok(), Some(&b"v"[..]), "the member was not served: {served:?}");
+    assert!(waited < Duration::from_secs(5), "the member waited {waited:?}");
+    // At most 64 handshakes at once: a thread and two descriptors each, beyond the job's own
+    // (and a few more for a connection thread that is just ending).
+    eprintln!("hccnrun before the flood: {before_threads} threads, {before_fds} fds; during: {threads}, {fds}");
+    assert!(threads <= before_threads + 64 + 4, "{threads} threads during the flood ({before_threads} before)");
+    assert!(fds <= before_fds + 2 * 64 + 4, "{fds} descriptors during the flood ({before_fds} before)");
+    assert!(f.stderr.contains("still in their handshake"), "the refusals are logged: {f:#?}");
+}
