@@ -278,3 +278,27 @@ impl Drop for LocalEtcd {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sweep_removes_only_directories_of_processes_that_are_gone() {
+        let tmp = std::env::temp_dir().join(format!("hccn-sweep-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let mut gone = Command::new("true").spawn().expect("spawn true");
+        let dead = gone.id();
+        gone.wait().expect("reap");
+        let stale = tmp.join(format!("{}4242", dir_prefix(dead)));
+        let mine = tmp.join(format!("{}4243", dir_prefix(std::process::id())));
+        let other = tmp.join("hccn-etcd-notapid");
+        for d in [&stale, &mine, &other] {
+            std::fs::create_dir_all(d.join("member")).expect("mkdir");
+        }
+        sweep_stale_dirs(&tmp);
+        assert!(!stale.exists(), "the directory of pid {dead}, gone, stays");
+        assert!(mine.exists() && other.exists(), "a live owner's directory, or a foreign name, was removed");
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+}

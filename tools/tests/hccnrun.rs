@@ -443,3 +443,43 @@ fn a_flood_of_connections_costs_the_store_a_bounded_number_of_threads() {
     assert!(fds <= before_fds + 2 * 64 + 4, "{fds} descriptors during the flood ({before_fds} before)");
     assert!(f.stderr.contains("still in their handshake"), "the refusals are logged: {f:#?}");
 }
+
+/// Live processes whose command line starts with `needle`.
+fn processes_with(needle: &str) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmd).starts_with(needle) && alive(pid)
+        })
+        .collect()
+}
+
+#[test]
+fn a_sigkilled_hccnrun_leaves_no_etcd_and_no_data_directory() {
+    let mut job = Job::start(&["--etcd-local", "-n", "2", "sh", "-c", "echo pid $$; exec sleep 60"], &[]);
+    let up = job.wait_for(Duration::from_secs(40), |l| l.iter().filter(|l| l.contains("] pid ")).count() == 2);
+    let prefix = format!("hccn-etcd-{}-", job.child.id());
+    let dirs: Vec<std::path::PathBuf> = std::fs::read_dir(std::env::temp_dir())
+        .map(|d| {
+            d.flatten().filter(|e| e.file_name().to_string_lossy().starts_with(&prefix)).map(|e| e.path()).collect()
+        })
+        .unwrap_or_default();
+    let dir = dirs.first().map(|d| d.to_string_lossy().into_owned()).unwrap_or_default();
+    let etcd =
+        if dir.is_empty() { Vec::new() } else { processes_with(&format!("etcd\0--name\0m0\0--data-dir\0{dir}\0")) };
+    job.signal(libc::SIGKILL);
+    let f = job.finish(Duration::from_secs(50));
+    assert!(up, "the ranks did not start: {f:#?}");
+    assert_eq!(dirs.len(), 1, "one data directory {prefix}*: {dirs:?}");
+    assert_eq!(etcd.len(), 1, "one etcd process with --data-dir {dir}: {etcd:?}");
+    let ranks = printed_pids(&f.stdout);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (alive(etcd[0]) || std::path::Path::new(&dir).exists()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!alive(etcd[0]), "etcd (pid {}) outlived the SIGKILLed hccnrun", etcd[0]);
+    assert!(!std::path::Path::new(&dir).exists(), "{dir} is still there 10 s after hccnrun died");
+    assert!(all_gone(&ranks), "ranks {ranks:?} outlived hccnrun");
+}
