@@ -76,29 +76,44 @@ impl Data {
     }
 }
 
-/// Connections in their handshake, oldest first, each with a handle to close it.
+/// Every open connection, oldest first, with a handle to close it and whether it is still in
+/// its handshake.
 #[derive(Default)]
-struct Pending(Mutex<VecDeque<(u64, TcpStream)>>);
+struct Conns(Mutex<VecDeque<(u64, TcpStream, bool)>>);
 
-impl Pending {
-    fn lock(&self) -> MutexGuard<'_, VecDeque<(u64, TcpStream)>> {
+impl Conns {
+    fn lock(&self) -> MutexGuard<'_, VecDeque<(u64, TcpStream, bool)>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn push(&self, id: u64, conn: TcpStream) {
-        self.lock().push_back((id, conn));
+        self.lock().push_back((id, conn, true));
+    }
+
+    fn authenticated(&self, id: u64) {
+        if let Some(c) = self.lock().iter_mut().find(|c| c.0 == id) {
+            c.2 = false;
+        }
     }
 
     /// Closes the oldest connection still in its handshake; its peer.
-    fn close_oldest(&self) -> Option<String> {
-        self.lock().pop_front().map(|(_, old)| {
-            let _ = old.shutdown(Shutdown::Both);
-            old.peer_addr().map(|a| a.to_string()).unwrap_or_default()
-        })
+    fn close_oldest_handshake(&self) -> Option<String> {
+        let mut q = self.lock();
+        let at = q.iter().position(|c| c.2)?;
+        let (_, old, _) = q.remove(at)?;
+        let _ = old.shutdown(Shutdown::Both);
+        Some(old.peer_addr().map(|a| a.to_string()).unwrap_or_default())
     }
 
     fn done(&self, id: u64) {
-        self.lock().retain(|(i, _)| *i != id);
+        self.lock().retain(|c| c.0 != id);
+    }
+
+    /// Closes them all (the store stops): their threads end at once.
+    fn close_all(&self) {
+        for (_, conn, _) in self.lock().drain(..) {
+            let _ = conn.shutdown(Shutdown::Both);
+        }
     }
 }
 
@@ -137,7 +152,7 @@ struct Shared {
     data: Data,
     stop: AtomicBool,
     limits: Limits,
-    pending: Pending,
+    conns: Conns,
     /// Connection threads in their handshake, and serving clients (counted until they end).
     handshaking: AtomicUsize,
     clients: AtomicUsize,
@@ -173,7 +188,7 @@ impl StoreServer {
             data: Data::default(),
             stop: AtomicBool::new(false),
             limits: Limits { handshakes: limits.handshakes.max(1), clients: limits.clients.max(1) },
-            pending: Pending::default(),
+            conns: Conns::default(),
             handshaking: AtomicUsize::new(0),
             clients: AtomicUsize::new(0),
             log: Mutex::new(RefusalLog::new()),
@@ -204,10 +219,8 @@ impl Drop for StoreServer {
         if let Some(t) = self.accept.take() {
             let _ = t.join();
         }
-        // Connection threads see `stop` at their next request, or their client's departure.
-        for (_, conn) in self.shared.pending.lock().drain(..) {
-            let _ = conn.shutdown(Shutdown::Both);
-        }
+        // Closing every connection ends its thread now (even one in a GET or idle).
+        self.shared.conns.close_all();
         self.shared.data.changed.notify_all();
     }
 }
@@ -232,7 +245,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             RefusalLog::note(&shared.log, format_args!("refused a connection from {peer}: no descriptor to spare"));
             continue;
         };
-        shared.pending.push(id, handle);
+        shared.conns.push(id, handle);
         shared.handshaking.fetch_add(1, Ordering::SeqCst);
         let shared2 = shared.clone();
         let spawned = std::thread::Builder::new()
@@ -240,7 +253,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             .stack_size(CONN_STACK)
             .spawn(move || connection(conn, id, &peer, &shared2));
         if let Err(e) = spawned {
-            shared.pending.done(id);
+            shared.conns.done(id);
             shared.handshaking.fetch_sub(1, Ordering::SeqCst);
             RefusalLog::note(&shared.log, format_args!("refused a connection: no thread for it: {e}"));
         }
@@ -255,7 +268,7 @@ fn make_room(shared: &Shared, peer: &str) -> bool {
     if shared.handshaking.load(Ordering::SeqCst) < limit {
         return true;
     }
-    if let Some(old) = shared.pending.close_oldest() {
+    if let Some(old) = shared.conns.close_oldest_handshake() {
         RefusalLog::note(
             &shared.log,
             format_args!(
@@ -278,7 +291,7 @@ fn connection(mut conn: TcpStream, id: u64, peer: &str, shared: &Shared) {
     let shook = auth::server(&mut conn, &shared.token, Purpose::Store, HANDSHAKE_TIMEOUT).and_then(|()| {
         conn.set_write_timeout(Some(REQUEST_TIMEOUT)).map_err(|e| Error::io(ErrorKind::System, "socket", &e))
     });
-    shared.pending.done(id);
+    shared.conns.authenticated(id);
     let limit = shared.limits.clients;
     // Counted as a client before it stops counting as a handshake: never fewer than there are.
     let over = shared.clients.fetch_add(1, Ordering::SeqCst) >= limit;
@@ -299,6 +312,7 @@ fn connection(mut conn: TcpStream, id: u64, peer: &str, shared: &Shared) {
         }
         Ok(()) => serve(&mut Timed(&mut conn), &shared.data, &shared.stop, MAX_GET_WAIT),
     };
+    shared.conns.done(id);
     shared.clients.fetch_sub(1, Ordering::SeqCst);
     if let Err(e) = served {
         if e.kind() != ErrorKind::Remote {
