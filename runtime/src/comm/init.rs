@@ -1,9 +1,10 @@
 //! Building a world communicator: through a unique id (`hccn_get_unique_id` +
 //! `hccn_comm_init_rank`) or from the launcher's environment (`hccn_init_from_env`).
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use super::{derive_id, join, CommInner, Communicator, Origin};
 use crate::auth::random_bytes;
@@ -14,18 +15,69 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::rendezvous::{Store, StoreAddr, StoreServer, TcpStore, UniqueId};
 use crate::transport::{linkcost, tcp};
 
-/// Stores started by `new_unique_id`; they serve until the process exits, as the root's
-/// bootstrap listener does in NCCL.
-static ID_STORES: Mutex<Vec<StoreServer>> = Mutex::new(Vec::new());
+/// Stores started by `new_unique_id` in this process. Each is held here until a communicator
+/// made from it takes it over; from then on it lives exactly as long as this process's
+/// communicators made from it (the world and what shrink or rebuild make of it), so a process
+/// that makes an id per communicator keeps no socket or thread for the ones it destroyed.
+static ID_STORES: Mutex<IdStores> = Mutex::new(IdStores { live: Vec::new(), released: VecDeque::new() });
+
+struct IdStores {
+    live: Vec<IdStore>,
+    /// Nonces of stores released lately, to name the mistake when their id is used again.
+    released: VecDeque<[u8; 16]>,
+}
+
+struct IdStore {
+    nonce: [u8; 16],
+    /// Until a communicator takes it.
+    held: Option<Arc<StoreServer>>,
+    taken: Weak<StoreServer>,
+}
+
+/// How many released ids are remembered (16 bytes each).
+const RELEASED_REMEMBERED: usize = 4096;
+
+/// How long a rank keeps dialling a unique id's store that refuses connections: it was running
+/// before the id existed, so a refusal means it is gone, not starting.
+const GONE_STORE_PATIENCE: Duration = Duration::from_secs(1);
 
 /// Starts an embedded store for a new communicator and returns the id that leads to it.
 pub fn new_unique_id(cfg: &Config) -> Result<UniqueId> {
     let token: [u8; 32] = random_bytes()?;
     let nonce: [u8; 16] = random_bytes()?;
-    let server = StoreServer::start(SocketAddr::new(cfg.bind_addr, 0), &token)?;
+    let server = Arc::new(StoreServer::start(SocketAddr::new(cfg.bind_addr, 0), &token)?);
     let id = UniqueId { store: server.local_addr(), token, nonce };
-    ID_STORES.lock().unwrap_or_else(|p| p.into_inner()).push(server);
+    let taken = Arc::downgrade(&server);
+    id_stores().live.push(IdStore { nonce, held: Some(server), taken });
     Ok(id)
+}
+
+fn id_stores() -> std::sync::MutexGuard<'static, IdStores> {
+    ID_STORES.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The store of `id` if this process made it, for a communicator made from it to keep alive;
+/// an error if it was made here and released already.
+fn take_id_store(id: &UniqueId) -> Result<Option<Arc<StoreServer>>> {
+    let mut stores = id_stores();
+    let IdStores { live, released } = &mut *stores;
+    live.retain(|e| {
+        let alive = e.held.is_some() || e.taken.strong_count() > 0;
+        if !alive {
+            released.push_back(e.nonce);
+        }
+        alive
+    });
+    while released.len() > RELEASED_REMEMBERED {
+        released.pop_front();
+    }
+    if released.contains(&id.nonce) {
+        return Err(Error::invalid(
+            "this unique id was used up: the communicator made from it was destroyed, and its store with it \
+             (a unique id makes one communicator; call hccn_get_unique_id for each)",
+        ));
+    }
+    Ok(live.iter_mut().find(|e| e.nonce == id.nonce).and_then(|e| e.held.take().or_else(|| e.taken.upgrade())))
 }
 
 fn hex(b: &[u8]) -> String {
@@ -39,9 +91,30 @@ impl Communicator {
         if nranks == 0 || rank >= nranks {
             return Err(Error::invalid(format!("rank {rank} is not below nranks {nranks}")));
         }
-        let store = TcpStore::connect(id.store, &id.token, cfg.timeout)?;
+        let server = take_id_store(id)?;
+        let store = TcpStore::connect_existing(id.store, &id.token, cfg.timeout, GONE_STORE_PATIENCE).map_err(|e| {
+            e.context(
+                "the unique id's store does not answer; it closes when the communicator made from the id is \
+                 destroyed in the process that made it (a unique id makes one communicator)",
+            )
+        })?;
         let prefix = format!("uid/{}", hex(&id.nonce));
-        let origin = Origin { store: StoreAddr::Tcp(id.store), token: id.token.to_vec(), prefix, cfg: cfg.clone() };
+        // A unique id is single-use: its nonce keys the rendezvous, and a second use would meet
+        // the first one's records (and dial its ranks' closed listeners until the timeout).
+        if store.get(&join::formed_key(&prefix), Duration::ZERO).is_ok() {
+            return Err(Error::invalid(
+                "this unique id has made its communicator already (a unique id makes one communicator; \
+                 call hccn_get_unique_id for each)",
+            ));
+        }
+        let keep: Vec<Box<dyn Send>> = server.into_iter().map(|s| Box::new(s) as Box<dyn Send>).collect();
+        let origin = Origin {
+            store: StoreAddr::Tcp(id.store),
+            token: id.token.to_vec(),
+            prefix,
+            cfg: cfg.clone(),
+            keep: Mutex::new(keep),
+        };
         Communicator::bootstrap(&store, Arc::new(origin), rank, nranks)
     }
 
@@ -54,8 +127,13 @@ impl Communicator {
         let nth = WORLDS.fetch_add(1, Ordering::SeqCst);
         let store = env.store.connect(&env.job_token, cfg.timeout)?;
         let prefix = format!("job/{}/world{nth}", env.job_id);
-        let origin =
-            Arc::new(Origin { store: env.store.clone(), token: env.job_token.clone(), prefix, cfg: cfg.clone() });
+        let origin = Arc::new(Origin {
+            store: env.store.clone(),
+            token: env.job_token.clone(),
+            prefix,
+            cfg: cfg.clone(),
+            keep: Mutex::new(Vec::new()),
+        });
         // A world that already exists is joined as a replacement, through the join queue.
         match store.get(&join::formed_key(&origin.prefix), Duration::ZERO) {
             Ok(_) => Communicator::join(store.as_ref(), origin),
