@@ -1,6 +1,7 @@
 //! Where ranks meet: a small key-value [`Store`] (Gloo's set/get/add), the embedded TCP store,
 //! and the unique id that carries a store's address and job token between processes.
 
+pub mod runs;
 mod tcp_store;
 mod unique_id;
 
@@ -49,6 +50,30 @@ pub trait Store: Send + Sync {
     fn remove_prefix(&self, prefix: &str) -> Result<()> {
         let _ = prefix;
         Ok(())
+    }
+
+    /// The current generation of the job rooted at `job` and whether a process of it is alive
+    /// (see [`runs`]). Stores that live for one run only have generation 1, always live.
+    fn run_state(&self, job: &str) -> Result<runs::RunState> {
+        let _ = job;
+        Ok(runs::RunState::SINGLE)
+    }
+
+    /// Enters the job as process `me`, atomically against what `seen` said: joins its
+    /// generation if it is live and still current, starts the next one (removing the records
+    /// of `seen`'s) if it is dead and still current. `None`: the job changed since `seen`;
+    /// read it again. The presence lives on a lease of `ttl`.
+    fn enter_run(&self, job: &str, seen: runs::RunState, me: &str, ttl: Duration) -> Result<Option<runs::Entered>> {
+        let _ = (job, seen, me, ttl);
+        Ok(Some(runs::Entered { generation: runs::RunState::SINGLE.generation, presence: None }))
+    }
+
+    /// Deletes every key of the job if no process of its current generation is alive; whether
+    /// they are gone (hccnrun, after a job whose ranks all exited 0). Stores that live for one
+    /// run only take the job's keys with them: `true`.
+    fn remove_job_if_idle(&self, job: &str) -> Result<bool> {
+        let _ = job;
+        Ok(true)
     }
 }
 
