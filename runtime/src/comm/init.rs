@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex, Weak};
 use super::{derive_id, join, CommInner, Communicator, Origin};
 use crate::auth::random_bytes;
 use crate::config::{Config, LaunchEnv};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::rendezvous::{Store, StoreAddr, StoreServer, TcpStore, UniqueId};
+use crate::rendezvous::{runs, Store, StoreAddr, StoreServer, TcpStore, UniqueId};
 use crate::transport::{linkcost, tcp};
 
 /// Stores started by `new_unique_id` in this process. Each is held here until a communicator
@@ -80,6 +80,36 @@ fn take_id_store(id: &UniqueId) -> Result<Option<Arc<StoreServer>>> {
     Ok(live.iter_mut().find(|e| e.nonce == id.nonce).and_then(|e| e.held.take().or_else(|| e.taken.upgrade())))
 }
 
+impl Origin {
+    /// The same origin without what it keeps alive: for a helper thread that must not delay
+    /// its release (a unique id's store, the process's presence in the job's run).
+    pub(crate) fn detached(&self) -> Origin {
+        Origin {
+            store: self.store.clone(),
+            token: self.token.clone(),
+            prefix: self.prefix.clone(),
+            cfg: self.cfg.clone(),
+            keep: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+/// Keeps `thing` as long as the world's communicators live in this process.
+fn hold(origin: &Origin, thing: Option<Box<dyn Send>>) {
+    if let Some(thing) = thing {
+        origin.keep.lock().unwrap_or_else(|p| p.into_inner()).push(thing);
+    }
+}
+
+/// Whether `key` is in the store now.
+fn is_set(store: &dyn Store, key: &str) -> Result<bool> {
+    match store.get(key, Duration::ZERO) {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == ErrorKind::Timeout => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -118,7 +148,9 @@ impl Communicator {
         Communicator::bootstrap(&store, Arc::new(origin), rank, nranks)
     }
 
-    /// Joins the world described by the launcher's environment.
+    /// Joins the world described by the launcher's environment, in the job's current run (see
+    /// rendezvous/runs.rs): as a member of a world that forms, or as the replacement of a rank
+    /// of a live world that formed already.
     pub fn init_from_env(env: &LaunchEnv, cfg: &Config) -> Result<Communicator> {
         let _span =
             tracing::info_span!("init_from_env", rank = env.rank, size = env.world_size, job = %env.job_id).entered();
@@ -126,21 +158,50 @@ impl Communicator {
         static WORLDS: AtomicU64 = AtomicU64::new(0);
         let nth = WORLDS.fetch_add(1, Ordering::SeqCst);
         let store = env.store.connect(&env.job_token, cfg.timeout)?;
-        let prefix = format!("job/{}/world{nth}", env.job_id);
-        let origin = Arc::new(Origin {
+        let store = store.as_ref();
+        let job = runs::job_root(&env.job_id);
+        let me = format!("w{nth}-r{}-{}", env.rank, hex(&random_bytes::<8>()?));
+        let origin = |prefix: String| Origin {
             store: env.store.clone(),
             token: env.job_token.clone(),
             prefix,
             cfg: cfg.clone(),
             keep: Mutex::new(Vec::new()),
-        });
-        // A world that already exists is joined as a replacement, through the join queue.
-        match store.get(&join::formed_key(&origin.prefix), Duration::ZERO) {
-            Ok(_) => Communicator::join(store.as_ref(), origin),
-            Err(e) if e.kind() == ErrorKind::Timeout => {
-                Communicator::bootstrap(store.as_ref(), origin, env.rank, env.world_size)
+        };
+        let deadline = Instant::now() + cfg.timeout;
+        loop {
+            let seen = store.run_state(&job)?;
+            let prefix = runs::world_prefix(&job, seen.generation, nth);
+            if seen.live && is_set(store, &join::formed_key(&prefix))? {
+                let origin = Arc::new(origin(prefix));
+                // Waiting is in vain once the run ends (crashed, say): then this is a new run.
+                let alive = || store.run_state(&job).map_or(true, |now| now == seen);
+                if let Some(comm) = Communicator::join(store, origin.clone(), &alive)? {
+                    match store.enter_run(&job, seen, &me, cfg.lease_ttl) {
+                        Ok(Some(entered)) => hold(&origin, entered.presence),
+                        Ok(None) => tracing::warn!("the run ended as this process joined it"),
+                        Err(e) => tracing::warn!("this process's presence in the run is not recorded: {e}"),
+                    }
+                    return Ok(comm);
+                }
+                tracing::info!(generation = seen.generation, "the run ended while this process waited to join");
+                continue;
             }
-            Err(e) => Err(e),
+            if let Some(entered) = store.enter_run(&job, seen, &me, cfg.lease_ttl)? {
+                let prefix = runs::world_prefix(&job, entered.generation, nth);
+                tracing::debug!(generation = entered.generation, prefix = %prefix, "entered the job's run");
+                let origin = Arc::new(origin(prefix));
+                hold(&origin, entered.presence);
+                return Communicator::bootstrap(store, origin, env.rank, env.world_size);
+            }
+            // Someone entered or started a run since `seen`: look again.
+            if Instant::now() >= deadline {
+                return Err(Error::timeout(format!(
+                    "the job's run in the store kept changing for {} ms",
+                    cfg.timeout.as_millis()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 

@@ -43,7 +43,6 @@ pub(crate) struct Origin {
     pub cfg: crate::config::Config,
     /// What lives exactly as long as the world's communicators in this process (init.rs): the
     /// embedded store of a unique id made here, the process's presence in an etcd job's run.
-    #[allow(dead_code)] // Held for its Drop.
     pub keep: Mutex<Vec<Box<dyn Send>>>,
 }
 
