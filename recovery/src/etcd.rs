@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use crate::access;
+use crate::runs::JobKeys;
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, Txn, TxnOp};
+use hccn_runtime::rendezvous::runs::{Entered, RunState};
 use hccn_runtime::rendezvous::{EtcdAccess, EtcdCluster, Member, OnGone, Store};
 use hccn_runtime::{Error, ErrorKind, Result};
 
@@ -153,6 +155,28 @@ impl Store for EtcdStore {
             self.rt.block_on(c.delete(Self::key(prefix), Some(opts))).map_err(|e| err("delete", e))?;
             Ok(())
         })
+    }
+
+    fn run_state(&self, job: &str) -> Result<RunState> {
+        let keys = JobKeys::new(ROOT, job);
+        self.retry("get", || self.rt.block_on(crate::runs::state(&mut self.client.clone(), &keys)))
+    }
+
+    fn enter_run(&self, job: &str, seen: RunState, me: &str, ttl: Duration) -> Result<Option<Entered>> {
+        crate::runs::enter_run(crate::runs::Spec {
+            endpoints: self.endpoints.clone(),
+            options: self.options.clone(),
+            timeout: self.timeout,
+            keys: JobKeys::new(ROOT, job),
+            seen,
+            me: me.to_owned(),
+            ttl,
+        })
+    }
+
+    fn remove_job_if_idle(&self, job: &str) -> Result<bool> {
+        let keys = JobKeys::new(ROOT, job);
+        self.retry("delete", || self.rt.block_on(crate::runs::remove_if_idle(&mut self.client.clone(), &keys)))
     }
 }
 

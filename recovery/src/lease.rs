@@ -8,7 +8,9 @@ use std::collections::HashSet;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, EventType, PutOptions, WatchOptions, WatchStream};
+use etcd_client::{
+    Client, ConnectOptions, EventType, LeaseKeepAliveStream, LeaseKeeper, PutOptions, WatchOptions, WatchStream,
+};
 use hccn_runtime::rendezvous::{Member, OnGone};
 use hccn_runtime::{Error, ErrorKind, Result};
 use tokio::sync::oneshot;
@@ -97,6 +99,36 @@ async fn start(spec: &Spec) -> Result<Live> {
     Ok(Live { client, lease: grant.id(), every, events })
 }
 
+/// Keeps a lease alive: one keep-alive per call, on a stream that is replaced when it breaks
+/// (its etcd member went away).
+pub(crate) struct Renewer {
+    lease: i64,
+    keeper: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+}
+
+impl Renewer {
+    pub(crate) async fn start(client: &mut Client, lease: i64) -> Renewer {
+        Renewer { lease, keeper: client.lease_keep_alive(lease).await.ok() }
+    }
+
+    pub(crate) async fn renew(&mut self, client: &mut Client) {
+        let kept = match self.keeper.as_mut() {
+            Some((k, _)) => k.keep_alive().await.is_ok(),
+            None => false,
+        };
+        if !kept {
+            self.keeper = client.lease_keep_alive(self.lease).await.ok();
+            if let Some((k, _)) = self.keeper.as_mut() {
+                let _ = k.keep_alive().await;
+            }
+        }
+        if let Some((_, replies)) = self.keeper.as_mut() {
+            // Drain the replies so the stream never backs up; their content is not needed.
+            while let Ok(Ok(Some(_))) = tokio::time::timeout(Duration::ZERO, replies.message()).await {}
+        }
+    }
+}
+
 async fn watch(client: &mut Client, prefix: &str) -> Result<WatchStream> {
     let opts = WatchOptions::new().with_prefix();
     client.watch(prefix, Some(opts)).await.map_err(|e| err("watch", e))
@@ -110,28 +142,12 @@ async fn run(spec: Spec, ready: mpsc::Sender<Result<()>>, mut stop: oneshot::Rec
     };
     let _ = ready.send(Ok(()));
     let mut left: HashSet<String> = HashSet::new();
-    let mut keeper = live.client.lease_keep_alive(live.lease).await.ok();
+    let mut renewer = Renewer::start(&mut live.client, live.lease).await;
     let mut tick = tokio::time::interval(live.every);
     loop {
         tokio::select! {
             _ = &mut stop => break,
-            _ = tick.tick() => {
-                // A keeper whose stream broke (its etcd member went away) is replaced.
-                let kept = match keeper.as_mut() {
-                    Some((k, _)) => k.keep_alive().await.is_ok(),
-                    None => false,
-                };
-                if !kept {
-                    keeper = live.client.lease_keep_alive(live.lease).await.ok();
-                    if let Some((k, _)) = keeper.as_mut() {
-                        let _ = k.keep_alive().await;
-                    }
-                }
-                if let Some((_, replies)) = keeper.as_mut() {
-                    // Drain the replies so the stream never backs up; their content is not needed.
-                    while let Ok(Ok(Some(_))) = tokio::time::timeout(Duration::ZERO, replies.message()).await {}
-                }
-            }
+            _ = tick.tick() => renewer.renew(&mut live.client).await,
             msg = live.events.message() => match msg {
                 Ok(Some(resp)) => {
                     for ev in resp.events() {

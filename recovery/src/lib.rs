@@ -4,6 +4,7 @@
 mod access;
 mod etcd;
 mod lease;
+mod runs;
 
 pub use etcd::EtcdStore;
 
