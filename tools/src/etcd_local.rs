@@ -15,6 +15,7 @@ use std::net::{TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 #[derive(Debug)]
@@ -23,6 +24,8 @@ struct Member {
     guardian: Option<Child>,
     /// Its stdin: closing it tells the guardian to stop etcd and clean up.
     lifeline: Option<ChildStdin>,
+    /// The last of what etcd wrote to stderr.
+    said: Arc<Mutex<Vec<u8>>>,
     dir: PathBuf,
     /// `127.0.0.1:PORT` for clients.
     endpoint: String,
@@ -48,16 +51,28 @@ pub struct LocalEtcd {
     health: Vec<u16>,
 }
 
-/// The guardian: starts etcd (with the parent-death signal when `setpriv` is there), waits for
-/// its stdin to close, then stops etcd and removes the data directory. Positional parameters:
-/// the directory, then etcd's command line.
+/// The guardian: starts etcd (with the parent-death signal when `setpriv` is there), stops it
+/// when its own stdin closes, and when etcd has ended, for that reason or its own (a port
+/// taken, say), removes the data directory and exits. Positional parameters: the directory,
+/// then etcd's command line.
 const GUARDIAN: &str = r#"dir=$1; shift
-( command -v setpriv >/dev/null 2>&1 && exec setpriv --pdeathsig KILL -- "$@"; exec "$@" ) &
+# Background jobs get /dev/null as stdin: the watcher reads the lifeline through fd 3.
+exec 3<&0
+( command -v setpriv >/dev/null 2>&1 && exec setpriv --pdeathsig KILL -- "$@"; exec "$@" ) 3<&- &
 etcd=$!
-read -r _ || true
-kill -KILL "$etcd" 2>/dev/null
+( read -r _ <&3 || true; kill -KILL "$etcd" 2>/dev/null ) &
+# The shell's own notices (a killed job) must not reach a pipe whose reader may be gone.
+exec 2>/dev/null
+trap '' PIPE
 wait "$etcd"
 rm -rf "$dir""#;
+
+/// How much of what etcd says on stderr is kept, for the error when it ends at start.
+const KEPT_OUTPUT: usize = 4096;
+
+/// Attempts at starting a cluster: a free port found may be taken by someone else before etcd
+/// binds it.
+const ATTEMPTS: usize = 3;
 
 /// How long a dropped member's guardian gets to clean up before it is killed.
 const GUARDIAN_GRACE: Duration = Duration::from_secs(5);
@@ -119,12 +134,24 @@ impl LocalEtcd {
     fn launch(n: usize, tls: Option<&EtcdTls>) -> Result<LocalEtcd, String> {
         let tmp = std::env::temp_dir();
         sweep_stale_dirs(&tmp);
+        let mut failures = Vec::new();
+        for _ in 0..ATTEMPTS {
+            match LocalEtcd::try_launch(&tmp, n, tls) {
+                Ok(server) => return Ok(server),
+                Err(e) => failures.push(e),
+            }
+        }
+        Err(failures.join("; then "))
+    }
+
+    fn try_launch(tmp: &Path, n: usize, tls: Option<&EtcdTls>) -> Result<LocalEtcd, String> {
         let ports = (0..n).map(|_| Ok((free_port()?, free_port()?))).collect::<Result<Vec<(u16, u16)>, String>>()?;
         let initial: Vec<String> =
             ports.iter().enumerate().map(|(i, (_, p))| format!("m{i}=http://127.0.0.1:{p}")).collect();
         let mut server = LocalEtcd { members: Vec::new(), endpoint: String::new(), health: Vec::new() };
         for (i, &(client, peer)) in ports.iter().enumerate() {
             let dir = tmp.join(format!("{}{client}", dir_prefix(std::process::id())));
+            let endpoint = format!("127.0.0.1:{client}");
             let _ = std::fs::remove_dir_all(&dir);
             let scheme = if tls.is_some() { "https" } else { "http" };
             let (c, p) = (format!("{scheme}://127.0.0.1:{client}"), format!("http://127.0.0.1:{peer}"));
@@ -150,18 +177,31 @@ impl LocalEtcd {
                 etcd.extend(["--listen-metrics-urls".into(), format!("http://127.0.0.1:{health}")]);
                 server.health.push(health);
             }
-            let member = spawn_guarded(&dir, &etcd)?;
-            server.members.push(Member { endpoint: format!("127.0.0.1:{client}"), ..member });
+            server.members.push(spawn_guarded(&dir, &etcd, endpoint)?);
         }
         server.endpoint = server.members.first().map(|m| m.endpoint.clone()).unwrap_or_default();
         let deadline = Instant::now() + Duration::from_secs(30);
         while !server.ready() {
+            if let Some(why) = server.ended_member() {
+                return Err(why);
+            }
             if Instant::now() >= deadline {
                 return Err(format!("the local etcd ({n} member(s)) elected no leader within 30 s"));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
         Ok(server)
+    }
+
+    /// The first member whose etcd has ended, with what it said.
+    fn ended_member(&mut self) -> Option<String> {
+        self.members.iter_mut().find_map(|m| {
+            let status = m.guardian.as_mut()?.try_wait().ok()??;
+            // Its stderr closed with it; give the reader a moment to take the last of it.
+            std::thread::sleep(Duration::from_millis(50));
+            let said = m.said.lock().map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+            Some(format!("etcd {} ended at start ({status}): {}", m.endpoint, said.trim()))
+        })
     }
 
     fn ready(&self) -> bool {
@@ -222,17 +262,32 @@ impl LocalEtcd {
 }
 
 /// Starts `etcd` (its argv) under a guardian in a new process group.
-fn spawn_guarded(dir: &Path, etcd: &[String]) -> Result<Member, String> {
+fn spawn_guarded(dir: &Path, etcd: &[String], endpoint: String) -> Result<Member, String> {
     // The shell starts etcd in the background, where a missing binary would go unnoticed.
     if !on_path("etcd") {
         return Err("cannot start etcd (not on PATH); scripts/setup.sh installs etcd-server".into());
     }
     let mut cmd = Command::new("sh");
     cmd.arg("-c").arg(GUARDIAN).arg("hccn-etcd-guardian").arg(dir).args(etcd);
-    cmd.stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::null()).process_group(0);
+    cmd.stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::piped()).process_group(0);
     let mut guardian = cmd.spawn().map_err(|e| format!("cannot start etcd's guardian shell: {e}"))?;
     let lifeline = guardian.stdin.take();
-    Ok(Member { guardian: Some(guardian), lifeline, dir: dir.to_path_buf(), endpoint: String::new() })
+    let said = Arc::new(Mutex::new(Vec::new()));
+    if let Some(mut stderr) = guardian.stderr.take() {
+        // Drained for etcd's whole life (a full pipe would block it); only the tail is kept.
+        let kept = said.clone();
+        let _ = std::thread::Builder::new().name("etcd-stderr".into()).spawn(move || {
+            let mut buf = [0u8; 1024];
+            while let Ok(n @ 1..) = stderr.read(&mut buf) {
+                if let Ok(mut k) = kept.lock() {
+                    k.extend_from_slice(&buf[..n]);
+                    let over = k.len().saturating_sub(KEPT_OUTPUT);
+                    k.drain(..over);
+                }
+            }
+        });
+    }
+    Ok(Member { guardian: Some(guardian), lifeline, said, dir: dir.to_path_buf(), endpoint })
 }
 
 fn on_path(program: &str) -> bool {
@@ -282,6 +337,23 @@ impl Drop for LocalEtcd {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_etcd_that_ends_at_start_is_reported_with_what_it_said() {
+        let dir = std::env::temp_dir().join(format!("{}1", dir_prefix(std::process::id())));
+        let argv: Vec<String> = ["etcd", "--no-such-flag"].iter().map(|s| s.to_string()).collect();
+        let member = spawn_guarded(&dir, &argv, "127.0.0.1:1".into()).expect("guardian");
+        let mut server = LocalEtcd { members: vec![member], endpoint: String::new(), health: Vec::new() };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let why = loop {
+            if let Some(why) = server.ended_member() {
+                break why;
+            }
+            assert!(Instant::now() < deadline, "the failed etcd was not noticed");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(why.contains("ended at start") && why.contains("no-such-flag"), "{why}");
+    }
 
     #[test]
     fn the_sweep_removes_only_directories_of_processes_that_are_gone() {

@@ -483,3 +483,20 @@ fn a_sigkilled_hccnrun_leaves_no_etcd_and_no_data_directory() {
     assert!(!std::path::Path::new(&dir).exists(), "{dir} is still there 10 s after hccnrun died");
     assert!(all_gone(&ranks), "ranks {ranks:?} outlived hccnrun");
 }
+
+#[test]
+fn a_rank_that_exits_before_the_world_forms_ends_the_job_at_once() {
+    // Rank 1 never joins; the others call hccn_init_from_env and would wait 60 s for it.
+    for (code, want) in [("3", 3), ("0", 1)] {
+        let script = format!(r#"if [ "$HCCN_RANK" = 1 ]; then exit {code}; fi; exec "{PERF}" -b 8 -e 8 -n 1 -w 0"#);
+        let job = Job::start(&["-n", "3", "--grace", "30", "sh", "-c", &script], &[("HCCN_TIMEOUT_MS", "60000")]);
+        let f = job.finish(Duration::from_secs(40));
+        assert_eq!(f.status.code(), Some(want), "{f:#?}");
+        assert!(
+            f.stderr.contains("rank 1 (pid")
+                && f.stderr.contains(&format!("exited with code {code} before the job's world formed")),
+            "hccnrun names the rank and its exit code: {f:#?}"
+        );
+        assert!(f.elapsed < Duration::from_secs(15), "the job ended only after {:?}: {f:#?}", f.elapsed);
+    }
+}
