@@ -44,7 +44,8 @@ const IDLE_LIMIT: Duration = Duration::from_secs(3600);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Stack of a connection thread: it parses frames and waits, nothing deep.
 const CONN_STACK: usize = 256 << 10;
-/// Refusals are logged one by one up to this many per interval, then summed up.
+/// Connections dropped for want of room are logged one by one up to this many per interval,
+/// then summed up (a failed handshake is always logged).
 const LOG_EVERY: Duration = Duration::from_secs(10);
 const LOGGED_PER_INTERVAL: u64 = 5;
 
@@ -117,7 +118,8 @@ impl Conns {
     }
 }
 
-/// Refusals logged one by one at first, then as a count per [`LOG_EVERY`].
+/// Connections dropped for want of room (a flood), logged one by one at first, then as a count
+/// per [`LOG_EVERY`].
 struct RefusalLog {
     since: Instant,
     logged: u64,
@@ -298,7 +300,8 @@ fn connection(mut conn: TcpStream, id: u64, peer: &str, shared: &Shared) {
     shared.handshaking.fetch_sub(1, Ordering::SeqCst);
     let served = match shook {
         Err(e) => {
-            RefusalLog::note(&shared.log, format_args!("refused a connection from {peer}: {e}"));
+            // Each failed handshake is logged: it is an intruder, or a member with the wrong token.
+            tracing::warn!(peer = %peer, "store refused a connection: {e}");
             Ok(())
         }
         Ok(()) if over => {
