@@ -60,9 +60,14 @@ HCCN_JOB_TOKEN; its stdout and stderr lines are prefixed with \"[rank] \". Stdin
                        after the last one ends the job
   -h, --help           this text
 
+A rank that exits before the world has formed (the ranks that joined would wait for it until
+HCCN_TIMEOUT_MS) stops the job at once, naming it. After a clean end with an etcd store, the
+job's keys are removed from it.
+
 Exit status: 0 when every rank exits 0; otherwise the first failing rank's code (128+N for
-signal N), 124 on timeout, 128+N when hccnrun receives signal N (SIGINT, SIGTERM, SIGHUP are
-forwarded to the ranks; a second one kills them at once), 2 on bad usage.
+signal N; 1 for a rank that exited 0 before the world formed), 124 on timeout, 128+N when
+hccnrun receives signal N (SIGINT, SIGTERM, SIGHUP are forwarded to the ranks; a second one
+kills them at once), 2 on bad usage.
 ";
 
 /// How long stopped ranks get between SIGTERM and SIGKILL.
