@@ -208,7 +208,8 @@ fn etcd_over_tls_with_client_certificates() {
     let out = rerun_with(&etcd.url(), "tls-job", "once", &env);
     assert_ran(&out, 1, "a job over TLS");
     let out = rerun_with(&etcd.url(), "tls-job", "once", &env[..1]);
-    assert!(out.code != Some(0) && out.stderr.contains("HCCN_ETCD_CERT"), "no client certificate: {}", out.describe());
+    let refused = out.stderr.contains("hccn_init_from_env failed with 105: ") && out.stderr.contains("HCCN_ETCD_CERT");
+    assert!(out.code != Some(0) && refused, "no client certificate: HCCN_ERROR_STORE naming it: {}", out.describe());
 }
 
 #[test]
@@ -239,7 +240,9 @@ fn etcd_with_authentication_takes_a_user_and_password() {
     assert_ran(&out, 1, "a job as an etcd user");
     let wrong = [("HCCN_ETCD_USER", PathBuf::from("root")), ("HCCN_ETCD_PASSWORD", PathBuf::from("guess"))];
     let out = rerun_with(&etcd.url(), "auth-job", "once", &wrong);
-    assert!(out.code != Some(0) && out.stderr.contains("HCCN_ETCD_USER=root"), "a wrong password: {}", out.describe());
+    let refused =
+        out.stderr.contains("hccn_init_from_env failed with 105: ") && out.stderr.contains("HCCN_ETCD_USER=root");
+    assert!(out.code != Some(0) && refused, "a wrong password: HCCN_ERROR_STORE naming it: {}", out.describe());
     assert!(out.elapsed < Duration::from_secs(20), "a wrong password took {:?} to fail", out.elapsed);
 }
 
@@ -310,6 +313,18 @@ fn a_job_id_runs_again_after_a_clean_end_and_leaves_no_keys() {
         assert_eq!(out.code, Some(0), "rank {r} without hccnrun: {}", out.describe());
     }
     assert_eq!(job_keys_settled(&etcd, &job), 0, "the ranks left keys in etcd");
+}
+
+#[test]
+fn hccnrun_removes_the_keys_of_ranks_that_exit_without_destroying() {
+    let etcd = EtcdServer::start().expect("etcd");
+    let job = format!("rerun-exit-{}", std::process::id());
+    for run in 0..2 {
+        let out = rerun(&etcd.url(), &job, "exit");
+        assert_ran(&out, 1, &format!("run {run} without destroy"));
+        // hccnrun waited for the ranks' leases to expire, then removed every key.
+        assert_eq!(job_keys(&etcd, &job), 0, "run {run}: keys left after hccnrun exited");
+    }
 }
 
 #[test]

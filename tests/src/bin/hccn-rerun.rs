@@ -4,6 +4,7 @@
 //! - `once`: joins the world, checks one allreduce, destroys the communicator, exits 0.
 //! - `twice`: the same with two worlds one after the other.
 //! - `hold`: joins, checks one allreduce, says READY and sleeps (to be killed).
+//! - `exit`: joins, checks one allreduce, and exits 0 without destroying the communicator.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -43,6 +44,11 @@ fn main() -> ExitCode {
     let outcome = match mode.as_str() {
         "once" => world(),
         "twice" => world().and_then(|()| world()),
+        "exit" => start_worker().and_then(|c| {
+            let ok = summed(&c);
+            println!("DONE rank={} size={}", c.rank(), c.size());
+            std::process::exit(if ok { 0 } else { 1 })
+        }),
         "hold" => start_worker().and_then(|c| {
             if !summed(&c) {
                 return Err(ExitCode::FAILURE);
@@ -52,7 +58,7 @@ fn main() -> ExitCode {
             Ok(())
         }),
         other => {
-            eprintln!("unknown mode {other:?}: once | twice | hold");
+            eprintln!("unknown mode {other:?}: once | twice | hold | exit");
             Err(ExitCode::from(2))
         }
     };
