@@ -18,6 +18,8 @@ command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
 # protoc's well-known types (google/protobuf/*.proto) come in a package of their own.
 [ -f /usr/include/google/protobuf/descriptor.proto ] || need_apt+=(libprotobuf-dev)
 command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
+# The etcd TLS tests make their certificates with openssl.
+command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}"

@@ -1,12 +1,15 @@
 //! The rendezvous `Store` on etcd v3. Keys live under `/hccn/`; a wait for a key is an etcd watch
 //! (no polling), and `add` is a compare-and-swap loop, so concurrent ranks never lose an update.
-//! etcd's own TLS and authentication protect the cluster; the job token still authenticates
-//! every connection between ranks.
+//! etcd's own TLS, client certificates and users protect the cluster (`HCCN_ETCD_*`, see
+//! access.rs); the job token still authenticates every connection between ranks.
 
 use std::time::Duration;
 
+use crate::access;
+use crate::runs::JobKeys;
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, Txn, TxnOp};
-use hccn_runtime::rendezvous::{Member, OnGone, Store};
+use hccn_runtime::rendezvous::runs::{Entered, RunState};
+use hccn_runtime::rendezvous::{EtcdAccess, EtcdCluster, Member, OnGone, Store};
 use hccn_runtime::{Error, ErrorKind, Result};
 
 const ROOT: &str = "/hccn/";
@@ -16,6 +19,8 @@ pub struct EtcdStore {
     rt: tokio::runtime::Runtime,
     client: Client,
     endpoints: Vec<String>,
+    /// How every client of this cluster connects (this one and each lease's own).
+    options: ConnectOptions,
     timeout: Duration,
 }
 
@@ -30,21 +35,27 @@ fn err(what: &str, e: impl std::fmt::Display) -> Error {
 }
 
 /// The connector the runtime calls for `etcd://` addresses.
-pub(crate) fn connect(endpoints: &[String], _token: &[u8], timeout: Duration) -> Result<Box<dyn Store>> {
-    Ok(Box::new(EtcdStore::connect(endpoints, timeout)?))
+pub(crate) fn connect(cluster: &EtcdCluster, _token: &[u8], timeout: Duration) -> Result<Box<dyn Store>> {
+    Ok(Box::new(EtcdStore::connect_to(cluster, timeout)?))
 }
 
 impl EtcdStore {
+    /// Connects to a cluster that needs neither TLS nor a login.
     pub fn connect(endpoints: &[String], timeout: Duration) -> Result<EtcdStore> {
+        EtcdStore::connect_to(&EtcdCluster { endpoints: endpoints.to_vec(), access: EtcdAccess::default() }, timeout)
+    }
+
+    /// Connects and makes one read, so that a cluster that refuses this process's certificate
+    /// or login says so here, at once and by name, rather than as a timeout of a later call.
+    pub fn connect_to(cluster: &EtcdCluster, timeout: Duration) -> Result<EtcdStore> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| Error::new(ErrorKind::System, format!("no runtime for etcd: {e}")))?;
-        let opts = ConnectOptions::new().with_connect_timeout(timeout).with_timeout(timeout);
-        let client = rt.block_on(Client::connect(endpoints, Some(opts))).map_err(|e| {
-            Error::new(ErrorKind::Store, format!("etcd at {} is unreachable: {e}", endpoints.join(",")))
-        })?;
-        Ok(EtcdStore { rt, client, endpoints: endpoints.to_vec(), timeout })
+        let options = access::options(&cluster.access, timeout)?;
+        let endpoints = &cluster.endpoints;
+        let client = rt.block_on(access::connect(endpoints, &cluster.access, options.clone(), timeout))?;
+        Ok(EtcdStore { rt, client, endpoints: endpoints.clone(), options, timeout })
     }
 
     fn key(key: &str) -> String {
@@ -127,6 +138,7 @@ impl Store for EtcdStore {
     ) -> Result<Option<Member>> {
         crate::lease::keep(crate::lease::Spec {
             endpoints: self.endpoints.clone(),
+            options: self.options.clone(),
             timeout: self.timeout,
             key: Self::key(key),
             value: value.to_vec(),
@@ -143,6 +155,28 @@ impl Store for EtcdStore {
             self.rt.block_on(c.delete(Self::key(prefix), Some(opts))).map_err(|e| err("delete", e))?;
             Ok(())
         })
+    }
+
+    fn run_state(&self, job: &str) -> Result<RunState> {
+        let keys = JobKeys::new(ROOT, job);
+        self.retry("get", || self.rt.block_on(crate::runs::state(&mut self.client.clone(), &keys)))
+    }
+
+    fn enter_run(&self, job: &str, seen: RunState, me: &str, ttl: Duration) -> Result<Option<Entered>> {
+        crate::runs::enter_run(crate::runs::Spec {
+            endpoints: self.endpoints.clone(),
+            options: self.options.clone(),
+            timeout: self.timeout,
+            keys: JobKeys::new(ROOT, job),
+            seen,
+            me: me.to_owned(),
+            ttl,
+        })
+    }
+
+    fn remove_job_if_idle(&self, job: &str) -> Result<bool> {
+        let keys = JobKeys::new(ROOT, job);
+        self.retry("delete", || self.rt.block_on(crate::runs::remove_if_idle(&mut self.client.clone(), &keys)))
     }
 }
 

@@ -8,7 +8,9 @@ use std::collections::HashSet;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, EventType, PutOptions, WatchOptions, WatchStream};
+use etcd_client::{
+    Client, ConnectOptions, EventType, LeaseKeepAliveStream, LeaseKeeper, PutOptions, WatchOptions, WatchStream,
+};
 use hccn_runtime::rendezvous::{Member, OnGone};
 use hccn_runtime::{Error, ErrorKind, Result};
 use tokio::sync::oneshot;
@@ -18,6 +20,7 @@ const LEFT: &str = "/left";
 /// What the background thread needs; `key` and `watch` are full etcd keys.
 pub(crate) struct Spec {
     pub endpoints: Vec<String>,
+    pub options: ConnectOptions,
     pub timeout: Duration,
     pub key: String,
     pub value: Vec<u8>,
@@ -83,8 +86,8 @@ struct Live {
 }
 
 async fn start(spec: &Spec) -> Result<Live> {
-    let opts = ConnectOptions::new().with_connect_timeout(spec.timeout).with_timeout(spec.timeout);
-    let mut client = Client::connect(&spec.endpoints, Some(opts)).await.map_err(|e| err("connect", e))?;
+    let mut client =
+        Client::connect(&spec.endpoints, Some(spec.options.clone())).await.map_err(|e| err("connect", e))?;
     let ttl = spec.ttl.as_secs().max(1) as i64;
     let grant = client.lease_grant(ttl, None).await.map_err(|e| err("lease grant", e))?;
     // Watch before publishing, so that no sibling's departure can fall between the two.
@@ -94,6 +97,36 @@ async fn start(spec: &Spec) -> Result<Live> {
     // etcd may grant more than asked; three keep-alives per period survive one lost request.
     let every = Duration::from_millis((grant.ttl().max(1) as u64 * 1000 / 3).max(100));
     Ok(Live { client, lease: grant.id(), every, events })
+}
+
+/// Keeps a lease alive: one keep-alive per call, on a stream that is replaced when it breaks
+/// (its etcd member went away).
+pub(crate) struct Renewer {
+    lease: i64,
+    keeper: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+}
+
+impl Renewer {
+    pub(crate) async fn start(client: &mut Client, lease: i64) -> Renewer {
+        Renewer { lease, keeper: client.lease_keep_alive(lease).await.ok() }
+    }
+
+    pub(crate) async fn renew(&mut self, client: &mut Client) {
+        let kept = match self.keeper.as_mut() {
+            Some((k, _)) => k.keep_alive().await.is_ok(),
+            None => false,
+        };
+        if !kept {
+            self.keeper = client.lease_keep_alive(self.lease).await.ok();
+            if let Some((k, _)) = self.keeper.as_mut() {
+                let _ = k.keep_alive().await;
+            }
+        }
+        if let Some((_, replies)) = self.keeper.as_mut() {
+            // Drain the replies so the stream never backs up; their content is not needed.
+            while let Ok(Ok(Some(_))) = tokio::time::timeout(Duration::ZERO, replies.message()).await {}
+        }
+    }
 }
 
 async fn watch(client: &mut Client, prefix: &str) -> Result<WatchStream> {
@@ -109,28 +142,12 @@ async fn run(spec: Spec, ready: mpsc::Sender<Result<()>>, mut stop: oneshot::Rec
     };
     let _ = ready.send(Ok(()));
     let mut left: HashSet<String> = HashSet::new();
-    let mut keeper = live.client.lease_keep_alive(live.lease).await.ok();
+    let mut renewer = Renewer::start(&mut live.client, live.lease).await;
     let mut tick = tokio::time::interval(live.every);
     loop {
         tokio::select! {
             _ = &mut stop => break,
-            _ = tick.tick() => {
-                // A keeper whose stream broke (its etcd member went away) is replaced.
-                let kept = match keeper.as_mut() {
-                    Some((k, _)) => k.keep_alive().await.is_ok(),
-                    None => false,
-                };
-                if !kept {
-                    keeper = live.client.lease_keep_alive(live.lease).await.ok();
-                    if let Some((k, _)) = keeper.as_mut() {
-                        let _ = k.keep_alive().await;
-                    }
-                }
-                if let Some((_, replies)) = keeper.as_mut() {
-                    // Drain the replies so the stream never backs up; their content is not needed.
-                    while let Ok(Ok(Some(_))) = tokio::time::timeout(Duration::ZERO, replies.message()).await {}
-                }
-            }
+            _ = tick.tick() => renewer.renew(&mut live.client).await,
             msg = live.events.message() => match msg {
                 Ok(Some(resp)) => {
                     for ev in resp.events() {

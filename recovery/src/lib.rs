@@ -1,8 +1,10 @@
 //! hccn's control plane. Today: the etcd v3 rendezvous store (`HCCN_STORE=etcd://...`) for
 //! multi-host and elastic jobs. tokio lives here only; the data path never touches etcd.
 
+mod access;
 mod etcd;
 mod lease;
+mod runs;
 
 pub use etcd::EtcdStore;
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::collectives::select::{AlgoChoice, LinkCost, LinkCosts, TransportKind};
 use crate::error::{Error, Result};
-use crate::rendezvous::StoreAddr;
+use crate::rendezvous::{EtcdAccess, StoreAddr};
 
 /// One documented variable: name, default (as text), meaning.
 #[derive(Debug, Clone, Copy)]
@@ -31,6 +31,11 @@ pub const VARIABLES: &[Variable] = &[
     Variable { name: "HCCN_LINK_COST", default: "`measure`", meaning: "Latency and bandwidth per transport for the cost model: `measure` (world rank 0 times a shared-memory and a TCP peer when the world forms, about 20 small and 3 1-MiB round trips each, and sends the figures to every rank), `default` (the built-in figures), or a list such as `shm=0.8us:9GB/s,tcp=40us:2.2GB/s` (kinds `shm`, `tcp`, `local`; units `us`/`ms` and `GB/s`/`MB/s`; unnamed kinds keep the built-in figures). World rank 0's setting is the one every rank uses; see docs/algorithms.md." },
     Variable { name: "HCCN_HEARTBEAT_MS", default: "`100`", meaning: "Interval of the heartbeat each rank sends on every connection; `0` turns heartbeats (and silence detection) off." },
     Variable { name: "HCCN_DEAD_AFTER_MS", default: "`800`", meaning: "A peer silent this long (no frame, no heartbeat, nothing waiting in its socket) is declared failed: a frozen process or a cut link. Raise it where ranks may stall longer without being dead (dead versus slow)." },
+    Variable { name: "HCCN_ETCD_CA", default: "(plain gRPC)", meaning: "With an `etcd://` store: PEM file of the CA that signed the etcd members' certificates. Setting it turns TLS on for every connection to etcd; the members' certificates must name the hosts (or IP addresses) of `HCCN_STORE`." },
+    Variable { name: "HCCN_ETCD_CERT", default: "(none)", meaning: "With `HCCN_ETCD_CA`: PEM file of this process's client certificate, for an etcd started with `--client-cert-auth`. Goes with `HCCN_ETCD_KEY`." },
+    Variable { name: "HCCN_ETCD_KEY", default: "(none)", meaning: "PEM file of the private key of `HCCN_ETCD_CERT`." },
+    Variable { name: "HCCN_ETCD_USER", default: "(none)", meaning: "etcd user to log in as, for an etcd with authentication enabled (`etcdctl auth enable`); it needs read and write access to the keys under `/hccn/`. Goes with `HCCN_ETCD_PASSWORD`." },
+    Variable { name: "HCCN_ETCD_PASSWORD", default: "(none)", meaning: "Password of `HCCN_ETCD_USER` (never logged)." },
     Variable { name: "HCCN_LEASE_TTL_S", default: "`2`", meaning: "With an etcd store, each world communicator's membership key lives on a lease of this many seconds, kept alive in the background: a backstop that declares a rank failed when its process dies or freezes, even with heartbeats off (1 .. 3600; etcd may round it up)." },
     Variable { name: "HCCN_TRACE", default: "(off)", meaning: "Directory where each rank writes a Chrome trace-event file `hccn-trace-<job>-<rank>.json` (one event per operation and per transfer); see docs/observability.md." },
     Variable { name: "HCCN_TRANSPORT", default: "`auto`", meaning: "Data transport between ranks: `auto` (shared memory between ranks on one host, TCP between hosts), `tcp` (TCP everywhere), `shm` (shared memory, and an error if a peer is on another host). TCP always stays for control and failure detection." },
@@ -113,6 +118,8 @@ pub struct Config {
     pub cma: bool,
     /// `HCCN_BOARD_BYTES`: the largest allreduce that goes to the shared-memory board.
     pub board_bytes: usize,
+    /// `HCCN_ETCD_*`: TLS and login for `etcd://` stores.
+    pub etcd: EtcdAccess,
 }
 
 /// Where the link figures of the cost model come from (`HCCN_LINK_COST`); world rank 0's
@@ -235,6 +242,7 @@ impl Default for Config {
             link_cost: LinkCostSource::Measure,
             cma: true,
             board_bytes: crate::transport::board::BOARD_BYTES,
+            etcd: EtcdAccess::default(),
         }
     }
 }
@@ -374,8 +382,35 @@ impl Config {
             (None, Some(v)) => Some(parse("HCCN_LOCAL_RANK", &v, "a rank")?),
             (None, None) => None,
         };
+        c.etcd = etcd_access(&get)?;
         Ok(c)
     }
+}
+
+/// `HCCN_ETCD_*`: the settings that go together are checked here, the files when etcd is dialled.
+fn etcd_access(get: &impl Fn(&str) -> Option<String>) -> Result<EtcdAccess> {
+    let set = |name: &str| get(name).filter(|v| !v.trim().is_empty());
+    let path = |name: &str| set(name).map(std::path::PathBuf::from);
+    let access = EtcdAccess {
+        ca: path("HCCN_ETCD_CA"),
+        cert: path("HCCN_ETCD_CERT"),
+        key: path("HCCN_ETCD_KEY"),
+        user: set("HCCN_ETCD_USER"),
+        password: get("HCCN_ETCD_PASSWORD").filter(|v| !v.is_empty()),
+    };
+    if access.cert.is_some() != access.key.is_some() {
+        return Err(Error::invalid("HCCN_ETCD_CERT and HCCN_ETCD_KEY go together: set both or neither"));
+    }
+    if access.cert.is_some() && access.ca.is_none() {
+        return Err(Error::invalid(
+            "HCCN_ETCD_CERT needs HCCN_ETCD_CA (the CA that signed the etcd members' certificates): \
+             client certificates are only sent over TLS",
+        ));
+    }
+    if access.user.is_some() != access.password.is_some() {
+        return Err(Error::invalid("HCCN_ETCD_USER and HCCN_ETCD_PASSWORD go together: set both or neither"));
+    }
+    Ok(access)
 }
 
 impl LaunchEnv {
@@ -400,7 +435,7 @@ impl LaunchEnv {
             Some(v) => parse("HCCN_LOCAL_WORLD_SIZE", &v, "a size")?,
             None => world_size,
         };
-        let store = StoreAddr::parse(&need("HCCN_STORE")?)?;
+        let store = StoreAddr::parse(&need("HCCN_STORE")?)?.with_etcd_access(etcd_access(&get)?);
         let job_id = get("HCCN_JOB_ID").unwrap_or_else(|| "default".to_owned());
         let job_token = get("HCCN_JOB_TOKEN").unwrap_or_default().into_bytes();
         Ok(LaunchEnv { rank, world_size, local_rank, local_world_size, store, job_id, job_token })
@@ -525,6 +560,41 @@ mod tests {
         assert_eq!(Config::from_lookup(lookup(&[("HCCN_CMA", "auto")])).map(|c| c.cma).ok(), Some(true));
         let e = Config::from_lookup(lookup(&[("HCCN_CMA", "on")])).err().map(|e| e.to_string());
         assert!(e.is_some_and(|m| m.contains("HCCN_CMA")));
+    }
+
+    #[test]
+    fn etcd_access_settings() {
+        let c = Config::from_lookup(lookup(&[
+            ("HCCN_ETCD_CA", "/ca.pem"),
+            ("HCCN_ETCD_CERT", "/c.pem"),
+            ("HCCN_ETCD_KEY", "/k.pem"),
+            ("HCCN_ETCD_USER", "hccn"),
+            ("HCCN_ETCD_PASSWORD", "s3cret"),
+        ]))
+        .expect("a full set");
+        assert_eq!(c.etcd.ca.as_deref(), Some(std::path::Path::new("/ca.pem")));
+        assert_eq!((c.etcd.user.as_deref(), c.etcd.password.as_deref()), (Some("hccn"), Some("s3cret")));
+        assert!(!format!("{c:?}").contains("s3cret"), "the password stays out of Debug output");
+        for (pairs, needle) in [
+            (&[("HCCN_ETCD_CA", "/ca"), ("HCCN_ETCD_CERT", "/c")][..], "HCCN_ETCD_KEY"),
+            (&[("HCCN_ETCD_CERT", "/c"), ("HCCN_ETCD_KEY", "/k")][..], "HCCN_ETCD_CA"),
+            (&[("HCCN_ETCD_USER", "u")][..], "HCCN_ETCD_PASSWORD"),
+            (&[("HCCN_ETCD_PASSWORD", "p")][..], "HCCN_ETCD_USER"),
+        ] {
+            let e = Config::from_lookup(lookup(pairs)).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(e.contains(needle), "{pairs:?}: {e}");
+        }
+        // The launch environment carries them to the etcd address.
+        let env = LaunchEnv::from_lookup(lookup(&[
+            ("HCCN_RANK", "0"),
+            ("HCCN_WORLD_SIZE", "1"),
+            ("HCCN_STORE", "etcd://127.0.0.1:2379"),
+            ("HCCN_ETCD_USER", "u"),
+            ("HCCN_ETCD_PASSWORD", "p"),
+        ]))
+        .expect("valid env");
+        let StoreAddr::Etcd(cluster) = env.store else { panic!("an etcd store") };
+        assert_eq!(cluster.access.user.as_deref(), Some("u"));
     }
 
     #[test]

@@ -15,6 +15,7 @@ use hccn_runtime::{Config, StoreServer};
 
 use crate::args::{self, Args, UsageError};
 use crate::hostfile::{self, Host};
+use crate::world::{EarlyExits, World};
 
 /// How `--hostfile` starts remote ranks unless `--remote-cmd` says otherwise.
 const DEFAULT_REMOTE: &str = "ssh -o BatchMode=yes";
@@ -59,9 +60,14 @@ HCCN_JOB_TOKEN; its stdout and stderr lines are prefixed with \"[rank] \". Stdin
                        after the last one ends the job
   -h, --help           this text
 
+A rank that exits before the world has formed (the ranks that joined would wait for it until
+HCCN_TIMEOUT_MS) stops the job at once, naming it. After a clean end with an etcd store, the
+job's keys are removed from it.
+
 Exit status: 0 when every rank exits 0; otherwise the first failing rank's code (128+N for
-signal N), 124 on timeout, 128+N when hccnrun receives signal N (SIGINT, SIGTERM, SIGHUP are
-forwarded to the ranks; a second one kills them at once), 2 on bad usage.
+signal N; 1 for a rank that exited 0 before the world formed), 124 on timeout, 128+N when
+hccnrun receives signal N (SIGINT, SIGTERM, SIGHUP are forwarded to the ranks; a second one
+kills them at once), 2 on bad usage.
 ";
 
 /// How long stopped ranks get between SIGTERM and SIGKILL.
@@ -238,7 +244,7 @@ pub fn main() -> i32 {
 }
 
 /// hccnrun's own messages. Written under the stderr lock so they never split a rank's line.
-fn say(msg: std::fmt::Arguments<'_>) {
+pub(crate) fn say(msg: std::fmt::Arguments<'_>) {
     let _ = writeln!(io::stderr().lock(), "hccnrun: {msg}");
 }
 
@@ -396,6 +402,9 @@ enum Phase {
 
 struct Job {
     ranks: Vec<Rank>,
+    /// The job's store, asked whether the world formed when ranks exit.
+    world: World,
+    early: EarlyExits,
     readers: Vec<(u32, JoinHandle<()>)>,
     /// hccnrun's exit code, fixed by the first event that decides it.
     outcome: Option<i32>,
@@ -551,7 +560,7 @@ impl Job {
     /// Watches the ranks until every one has been reaped; returns hccnrun's exit code.
     fn monitor(&mut self, o: &Options, env: &[(&str, String)], started: Instant) -> i32 {
         loop {
-            let mut failed = Vec::new();
+            let (mut failed, mut exited) = (Vec::new(), Vec::new());
             for r in self.ranks.iter_mut().filter(|r| r.status.is_none()) {
                 let Some(status) = r.poll() else { continue };
                 // Once the job is being stopped, ranks ending by our signals are expected.
@@ -559,6 +568,18 @@ impl Job {
                 if !status.success() && !stopping {
                     say(format_args!("rank {} (pid {}) {}", r.rank, r.pid, describe(status)));
                     failed.push((r.rank, status));
+                }
+                if !stopping {
+                    exited.push((r.rank, format!("(pid {}) {}", r.pid, describe(status)), exit_code(status)));
+                }
+            }
+            // A rank gone before the world formed is one the others wait for until their timeout.
+            if matches!(self.phase, Phase::Running | Phase::Grace(_)) {
+                let running: Vec<u32> = self.running().map(|r| r.rank).collect();
+                if let Some((why, code)) = self.early.check(&mut self.world, exited, &running) {
+                    say(format_args!("{why}"));
+                    self.outcome.get_or_insert(code);
+                    self.stop(libc::SIGTERM);
                 }
             }
             for (rank, status) in failed {
@@ -682,6 +703,8 @@ pub fn run(o: &Options) -> Result<i32, String> {
             (Some(Hosted::Embedded(s)), url)
         }
     };
+    let world = World::new(&store_url, token.as_bytes(), &cfg, &job_id);
+    let keeps_keys = store_url.starts_with("etcd://") && hosted.is_none();
     let env = [
         ("HCCN_WORLD_SIZE", (o.nnodes * o.nranks).to_string()),
         ("HCCN_STORE", store_url),
@@ -689,7 +712,15 @@ pub fn run(o: &Options) -> Result<i32, String> {
         ("HCCN_JOB_TOKEN", token),
     ];
     install_signal_handlers();
-    let mut job = Job { ranks: Vec::new(), readers: Vec::new(), outcome: None, phase: Phase::Running, restarts: 0 };
+    let mut job = Job {
+        ranks: Vec::new(),
+        world,
+        early: EarlyExits::default(),
+        readers: Vec::new(),
+        outcome: None,
+        phase: Phase::Running,
+        restarts: 0,
+    };
     for rank in o.node_rank * o.nranks..(o.node_rank + 1) * o.nranks {
         if let Err(e) = job.spawn(o, rank, &env) {
             say(format_args!("cannot start rank {rank} ({}): {e}", o.program.to_string_lossy()));
@@ -700,6 +731,11 @@ pub fn run(o: &Options) -> Result<i32, String> {
     }
     let code = job.monitor(o, &env, started);
     job.drain();
+    // A store that outlives the job keeps its keys until someone removes them: after a clean
+    // end, this host's hccnrun does (one of them is enough).
+    if code == 0 && o.node_rank == 0 && keeps_keys {
+        job.world.clean_up();
+    }
     drop(hosted);
     Ok(code)
 }

@@ -10,6 +10,7 @@ pub mod info;
 pub mod launch;
 pub mod perf;
 pub mod trace;
+pub mod world;
 
 /// What every tool that runs as a rank does first: read the configuration, start logging, make
 /// etcd stores usable, and join the job hccnrun describes in the environment.

@@ -401,3 +401,102 @@ fn elastic_gives_up_when_restarts_run_out_or_too_few_ranks_remain() {
     let bad = run(&["--min-ranks", "2", "-n", "2", "true"], Duration::from_secs(10));
     assert_eq!(bad.status.code(), Some(2), "--min-ranks without --elastic is a usage error: {bad:#?}");
 }
+
+/// Entries of a /proc directory (threads in `task`, descriptors in `fd`) of process `pid`.
+fn proc_count(pid: u32, what: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/{what}")).map(|d| d.count()).unwrap_or(0)
+}
+
+#[test]
+fn a_flood_of_connections_costs_the_store_a_bounded_number_of_threads() {
+    use hccn_runtime::rendezvous::{Store, TcpStore};
+    let mut job = Job::start(&["-n", "1", "sh", "-c", "echo STORE $HCCN_STORE $HCCN_JOB_TOKEN; exec sleep 60"], &[]);
+    let up = job.wait_for(Duration::from_secs(15), |l| l.iter().any(|l| l.contains("] STORE tcp://")));
+    let line = job.stdout.iter().find(|l| l.contains("] STORE tcp://")).cloned().unwrap_or_default();
+    let hccnrun = job.child.id();
+    let (before_threads, before_fds) = (proc_count(hccnrun, "task"), proc_count(hccnrun, "fd"));
+    let mut words = line.split_whitespace().skip(2);
+    let addr: std::net::SocketAddr =
+        words.next().and_then(|u| u.strip_prefix("tcp://")).and_then(|a| a.parse().ok()).expect("store address");
+    let token = words.next().unwrap_or_default().to_owned();
+    // 500 connections that never say a word, as a flood from someone without the token would.
+    let silent: Vec<std::net::TcpStream> = (0..500).filter_map(|_| std::net::TcpStream::connect(addr).ok()).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let (threads, fds) = (proc_count(hccnrun, "task"), proc_count(hccnrun, "fd"));
+    // A member still gets in and is served.
+    let started = Instant::now();
+    let member = TcpStore::connect(addr, token.as_bytes(), Duration::from_secs(10)).map_err(|e| e.to_string());
+    let served = member.and_then(|m| {
+        m.set("flood/k", b"v").and_then(|()| m.get("flood/k", Duration::from_secs(5))).map_err(|e| e.to_string())
+    });
+    let waited = started.elapsed();
+    drop(silent);
+    job.signal(libc::SIGTERM);
+    let f = job.finish(Duration::from_secs(30));
+    assert!(up, "the rank did not start: {f:#?}");
+    assert_eq!(served.as_deref().ok(), Some(&b"v"[..]), "the member was not served: {served:?}");
+    assert!(waited < Duration::from_secs(5), "the member waited {waited:?}");
+    // At most 64 handshakes at once: a thread and two descriptors each, beyond the job's own
+    // (and a few more for a connection thread that is just ending).
+    eprintln!("hccnrun before the flood: {before_threads} threads, {before_fds} fds; during: {threads}, {fds}");
+    assert!(threads <= before_threads + 64 + 4, "{threads} threads during the flood ({before_threads} before)");
+    assert!(fds <= before_fds + 2 * 64 + 4, "{fds} descriptors during the flood ({before_fds} before)");
+    assert!(f.stderr.contains("still in their handshake"), "the refusals are logged: {f:#?}");
+}
+
+/// Live processes whose command line starts with `needle`.
+fn processes_with(needle: &str) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmd).starts_with(needle) && alive(pid)
+        })
+        .collect()
+}
+
+#[test]
+fn a_sigkilled_hccnrun_leaves_no_etcd_and_no_data_directory() {
+    let mut job = Job::start(&["--etcd-local", "-n", "2", "sh", "-c", "echo pid $$; exec sleep 60"], &[]);
+    let up = job.wait_for(Duration::from_secs(40), |l| l.iter().filter(|l| l.contains("] pid ")).count() == 2);
+    let prefix = format!("hccn-etcd-{}-", job.child.id());
+    let dirs: Vec<std::path::PathBuf> = std::fs::read_dir(std::env::temp_dir())
+        .map(|d| {
+            d.flatten().filter(|e| e.file_name().to_string_lossy().starts_with(&prefix)).map(|e| e.path()).collect()
+        })
+        .unwrap_or_default();
+    let dir = dirs.first().map(|d| d.to_string_lossy().into_owned()).unwrap_or_default();
+    let etcd =
+        if dir.is_empty() { Vec::new() } else { processes_with(&format!("etcd\0--name\0m0\0--data-dir\0{dir}\0")) };
+    job.signal(libc::SIGKILL);
+    let f = job.finish(Duration::from_secs(50));
+    assert!(up, "the ranks did not start: {f:#?}");
+    assert_eq!(dirs.len(), 1, "one data directory {prefix}*: {dirs:?}");
+    assert_eq!(etcd.len(), 1, "one etcd process with --data-dir {dir}: {etcd:?}");
+    let ranks = printed_pids(&f.stdout);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (alive(etcd[0]) || std::path::Path::new(&dir).exists()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!alive(etcd[0]), "etcd (pid {}) outlived the SIGKILLed hccnrun", etcd[0]);
+    assert!(!std::path::Path::new(&dir).exists(), "{dir} is still there 10 s after hccnrun died");
+    assert!(all_gone(&ranks), "ranks {ranks:?} outlived hccnrun");
+}
+
+#[test]
+fn a_rank_that_exits_before_the_world_forms_ends_the_job_at_once() {
+    // Rank 1 never joins; the others call hccn_init_from_env and would wait 60 s for it.
+    for (code, want) in [("3", 3), ("0", 1)] {
+        let script = format!(r#"if [ "$HCCN_RANK" = 1 ]; then exit {code}; fi; exec "{PERF}" -b 8 -e 8 -n 1 -w 0"#);
+        let job = Job::start(&["-n", "3", "--grace", "30", "sh", "-c", &script], &[("HCCN_TIMEOUT_MS", "60000")]);
+        let f = job.finish(Duration::from_secs(40));
+        assert_eq!(f.status.code(), Some(want), "{f:#?}");
+        assert!(
+            f.stderr.contains("rank 1 (pid")
+                && f.stderr.contains(&format!("exited with code {code} before the job's world formed")),
+            "hccnrun names the rank and its exit code: {f:#?}"
+        );
+        assert!(f.elapsed < Duration::from_secs(15), "the job ended only after {:?}: {f:#?}", f.elapsed);
+    }
+}

@@ -100,6 +100,38 @@ impl Admission {
     }
 }
 
+/// How often a joiner checks, while it waits, that the world's run is still alive.
+const ALIVE_EVERY: Duration = Duration::from_millis(250);
+
+/// Waits up to `timeout` for ticket `ticket`'s admission; `None` once `alive` says no.
+fn wait_for_admission(
+    store: &dyn Store,
+    prefix: &str,
+    ticket: u64,
+    timeout: Duration,
+    alive: &dyn Fn() -> bool,
+) -> Result<Option<Admission>> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match store.get(&admit_key(prefix, ticket), left.min(ALIVE_EVERY)) {
+            Ok(record) => return Admission::decode(&record).map(Some),
+            Err(e) if e.kind() == ErrorKind::Timeout && !left.is_zero() => {
+                if !alive() {
+                    return Ok(None);
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::Timeout => {
+                return Err(Error::timeout(format!(
+                    "not admitted within {} ms (the survivors call hccn_comm_rebuild to admit waiting ranks)",
+                    timeout.as_millis()
+                )))
+            }
+            Err(e) => return Err(e.context("waiting in the join queue")),
+        }
+    }
+}
+
 fn parse_addr(text: &str) -> Result<SocketAddr> {
     text.parse().map_err(|_| Error::new(ErrorKind::Store, format!("bad joiner address {text:?} in the store")))
 }
@@ -123,8 +155,13 @@ fn connect_joiners(
 
 impl Communicator {
     /// Joins an existing world as a replacement: takes a ticket, waits up to `HCCN_TIMEOUT_MS` to
-    /// be admitted by the survivors' `rebuild`, then connects to every member.
-    pub(crate) fn join(store: &dyn Store, origin: Arc<Origin>) -> Result<Communicator> {
+    /// be admitted by the survivors' `rebuild`, then connects to every member. `None` when
+    /// `alive` says, while it waits, that the world's run has ended (init.rs starts afresh).
+    pub(crate) fn join(
+        store: &dyn Store,
+        origin: Arc<Origin>,
+        alive: &dyn Fn() -> bool,
+    ) -> Result<Option<Communicator>> {
         let _span = tracing::info_span!("join", prefix = %origin.prefix).entered();
         let (prefix, cfg, token) = (&origin.prefix, &origin.cfg, &origin.token);
         let ticket = store.add(&next_key(prefix), 1)? as u64;
@@ -133,10 +170,7 @@ impl Communicator {
         let addr = listener.local_addr().map_err(|e| Error::io(ErrorKind::System, "listen address", &e))?;
         store.set(&addr_key(prefix, ticket), addr.to_string().as_bytes())?;
         tracing::info!(ticket, "waiting in the join queue");
-        let adm =
-            Admission::decode(&store.get(&admit_key(prefix, ticket), cfg.timeout).map_err(|e| {
-                e.context("not admitted (the survivors call hccn_comm_rebuild to admit waiting ranks)")
-            })?)?;
+        let Some(adm) = wait_for_admission(store, prefix, ticket, cfg.timeout, alive)? else { return Ok(None) };
         let rank = adm.survivors
             + adm
                 .joiners
@@ -158,7 +192,7 @@ impl Communicator {
         let net = Arc::new(Net::new(rank, links, inbox, cfg));
         let inner = CommInner::new(net, adm.id, adm.epoch, rank, (0..size).collect(), cfg.timeout, cfg.chunk_bytes);
         tracing::info!(rank, size, epoch = adm.epoch, "joined");
-        Ok(Communicator::world(inner, origin))
+        Ok(Some(Communicator::world(inner, origin)))
     }
 
     /// Called by every survivor: agrees on the failed set, then admits the ranks waiting in the

@@ -30,6 +30,8 @@ impl Communicator {
         let comm = Communicator::from_inner(inner.with_origin(Some(origin.clone())));
         if matches!(origin.store, StoreAddr::Etcd(_)) {
             let weak = Arc::downgrade(&comm.inner);
+            // A copy without what the origin keeps, which must go with the communicators.
+            let origin = Arc::new(origin.detached());
             let spawned = std::thread::Builder::new().name("hccn-member".into()).spawn(move || publish(weak, origin));
             if let Err(e) = spawned {
                 tracing::warn!("membership key not published (no thread: {e}); heartbeats alone detect failures");

@@ -44,6 +44,9 @@ pub(crate) struct Origin {
     /// The world's key prefix in the store.
     pub prefix: String,
     pub cfg: crate::config::Config,
+    /// What lives exactly as long as the world's communicators in this process (init.rs): the
+    /// embedded store of a unique id made here, the process's presence in an etcd job's run.
+    pub keep: Mutex<Vec<Box<dyn Send>>>,
 }
 
 pub(crate) struct CommInner {

@@ -1,10 +1,12 @@
 //! Where ranks meet: a small key-value [`Store`] (Gloo's set/get/add), the embedded TCP store,
 //! and the unique id that carries a store's address and job token between processes.
 
+pub mod runs;
 mod tcp_store;
 mod unique_id;
 
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
 use std::time::Duration;
 
 #[doc(hidden)]
@@ -49,6 +51,30 @@ pub trait Store: Send + Sync {
         let _ = prefix;
         Ok(())
     }
+
+    /// The current generation of the job rooted at `job` and whether a process of it is alive
+    /// (see [`runs`]). Stores that live for one run only have generation 1, always live.
+    fn run_state(&self, job: &str) -> Result<runs::RunState> {
+        let _ = job;
+        Ok(runs::RunState::SINGLE)
+    }
+
+    /// Enters the job as process `me`, atomically against what `seen` said: joins its
+    /// generation if it is live and still current, starts the next one (removing the records
+    /// of `seen`'s) if it is dead and still current. `None`: the job changed since `seen`;
+    /// read it again. The presence lives on a lease of `ttl`.
+    fn enter_run(&self, job: &str, seen: runs::RunState, me: &str, ttl: Duration) -> Result<Option<runs::Entered>> {
+        let _ = (job, seen, me, ttl);
+        Ok(Some(runs::Entered { generation: runs::RunState::SINGLE.generation, presence: None }))
+    }
+
+    /// Deletes every key of the job if no process of its current generation is alive; whether
+    /// they are gone (hccnrun, after a job whose ranks all exited 0). Stores that live for one
+    /// run only take the job's keys with them: `true`.
+    fn remove_job_if_idle(&self, job: &str) -> Result<bool> {
+        let _ = job;
+        Ok(true)
+    }
 }
 
 /// Called with the name of a membership key that vanished without being withdrawn.
@@ -62,13 +88,49 @@ pub type Member = Box<dyn Send>;
 pub enum StoreAddr {
     /// The embedded store (hosted by hccnrun, or by the rank that made a unique id).
     Tcp(SocketAddr),
-    /// An etcd v3 cluster, `host:port` endpoints; served by a connector another crate registers
-    /// (hccn-recovery), since the runtime itself knows nothing of etcd.
-    Etcd(Vec<String>),
+    /// An etcd v3 cluster; served by a connector another crate registers (hccn-recovery), since
+    /// the runtime itself knows nothing of etcd.
+    Etcd(EtcdCluster),
 }
 
-/// Connects to an etcd cluster: endpoints, job token, timeout.
-pub type EtcdConnector = fn(&[String], &[u8], Duration) -> Result<Box<dyn Store>>;
+/// Where an etcd cluster is and how to get in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdCluster {
+    /// `host:port` of each member.
+    pub endpoints: Vec<String>,
+    pub access: EtcdAccess,
+}
+
+/// What an etcd that demands TLS or a login needs (`HCCN_ETCD_CA`, `HCCN_ETCD_CERT`,
+/// `HCCN_ETCD_KEY`, `HCCN_ETCD_USER`, `HCCN_ETCD_PASSWORD`, parsed in config.rs). The files are
+/// read when a connection is made.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct EtcdAccess {
+    /// PEM file of the CA that signed the members' certificates; TLS is on when it is set.
+    pub ca: Option<PathBuf>,
+    /// Client certificate and its key (PEM), for an etcd started with `--client-cert-auth`.
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    /// An etcd user and its password, for an etcd with authentication enabled.
+    pub user: Option<String>,
+    pub password: Option<String>,
+}
+
+impl std::fmt::Debug for EtcdAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the password: configurations end up in logs.
+        f.debug_struct("EtcdAccess")
+            .field("ca", &self.ca)
+            .field("cert", &self.cert)
+            .field("key", &self.key)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "<set>"))
+            .finish()
+    }
+}
+
+/// Connects to an etcd cluster: the cluster, job token, timeout.
+pub type EtcdConnector = fn(&EtcdCluster, &[u8], Duration) -> Result<Box<dyn Store>>;
 
 static ETCD: std::sync::OnceLock<EtcdConnector> = std::sync::OnceLock::new();
 
@@ -90,7 +152,7 @@ impl StoreAddr {
             if eps.is_empty() || eps.iter().any(|e| !e.contains(':')) {
                 return Err(bad("every etcd endpoint needs host:port"));
             }
-            return Ok(StoreAddr::Etcd(eps));
+            return Ok(StoreAddr::Etcd(EtcdCluster { endpoints: eps, access: EtcdAccess::default() }));
         }
         let rest = s.strip_prefix("tcp://").ok_or_else(|| bad("unknown scheme"))?;
         let addr = rest
@@ -101,18 +163,27 @@ impl StoreAddr {
         Ok(StoreAddr::Tcp(addr))
     }
 
+    /// The same address with `access` as the way into an etcd cluster (a TCP store has no use
+    /// for it).
+    pub fn with_etcd_access(self, access: EtcdAccess) -> Self {
+        match self {
+            StoreAddr::Etcd(c) => StoreAddr::Etcd(EtcdCluster { access, ..c }),
+            tcp => tcp,
+        }
+    }
+
     /// Connects to the store with the job token.
     pub fn connect(&self, token: &[u8], timeout: Duration) -> Result<Box<dyn Store>> {
         match self {
             StoreAddr::Tcp(addr) => Ok(Box::new(TcpStore::connect(*addr, token, timeout)?)),
-            StoreAddr::Etcd(eps) => {
+            StoreAddr::Etcd(cluster) => {
                 let connect = ETCD.get().ok_or_else(|| {
                     Error::new(
                         crate::error::ErrorKind::Unavailable,
                         "etcd:// stores need hccn-recovery, which this program does not include",
                     )
                 })?;
-                connect(eps, token, timeout)
+                connect(cluster, token, timeout)
             }
         }
     }
@@ -122,7 +193,7 @@ impl std::fmt::Display for StoreAddr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             StoreAddr::Tcp(a) => write!(f, "tcp://{a}"),
-            StoreAddr::Etcd(eps) => write!(f, "etcd://{}", eps.join(",")),
+            StoreAddr::Etcd(c) => write!(f, "etcd://{}", c.endpoints.join(",")),
         }
     }
 }

@@ -193,7 +193,10 @@ fn run() -> Result<bool, String> {
 
     if me == 3 {
         let store = env.store.connect(&env.job_token, cfg.timeout).map_err(|e| e.to_string())?;
-        let key = format!("job/{}/world0/addr/0", env.job_id);
+        // The embedded store holds one run: generation 1.
+        let world =
+            hccn_runtime::rendezvous::runs::world_prefix(&hccn_runtime::rendezvous::runs::job_root(&env.job_id), 1, 0);
+        let key = format!("{world}/addr/0");
         let raw = store.get(&key, cfg.timeout).map_err(|e| e.to_string())?;
         let rank0: SocketAddr =
             String::from_utf8_lossy(&raw).parse().map_err(|_| "bad address of rank 0".to_string())?;
