@@ -8,10 +8,15 @@
 # std::string ABI, and records the wheel's version and commit: at load time it refuses any other
 # MindSpore (src/hccn_ms_version.cc). Rebuild after upgrading MindSpore.
 #
-# Usage: bindings/mindspore/build.sh [--lib LIBDIR] [--out OUT] [--python PY]
-#   --lib     where libhccn.so is (default target/release); linked with an rpath to it
-#   --out     where to put the package (default bindings/mindspore/build)
-#   --python  the interpreter whose MindSpore to build for (default /opt/hccn/venvs/mindspore/bin/python)
+# Usage: bindings/mindspore/build.sh [--lib LIBDIR] [--out OUT] [--python PY] [--interface-test]
+#                                    [--built-for VERSION]
+#   --lib             where libhccn.so is (default target/release); linked with an rpath to it
+#   --out             where to put the package (default bindings/mindspore/build)
+#   --python          the interpreter whose MindSpore to build for
+#                     (default /opt/hccn/venvs/mindspore/bin/python)
+#   --interface-test  also build OUT/hccn_ms_interface_test.so (tests/interface.cc)
+#   --built-for V     record MindSpore V instead of the installed version: a library the version
+#                     guard must refuse (for its test)
 # Then: PYTHONPATH=OUT hccnrun -n 2 -- PY train.py   (train.py imports hccn_ms first)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -20,11 +25,15 @@ root=$(cd "$here/../.." && pwd)
 lib=$root/target/release
 out=$here/build
 python=/opt/hccn/venvs/mindspore/bin/python
+interface_test=0
+pretend_version=
 while [ $# -gt 0 ]; do
   case $1 in
     --lib) lib=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --python) python=$2; shift 2 ;;
+    --interface-test) interface_test=1; shift ;;
+    --built-for) pretend_version=$2; shift 2 ;;
     *) echo "build.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -55,16 +64,22 @@ else
   exit 1
 fi
 
-mkdir -p "$out/hccn_ms"
 # The wheel's headers are -isystem: their own warnings are not ours to fix.
-g++ -std=c++17 -O2 -shared -fPIC -Wall -Wextra -Werror -fvisibility=hidden \
-  -D_GLIBCXX_USE_CXX11_ABI=$cxx11_abi \
-  -DHCCN_MS_MINDSPORE_VERSION="\"$version\"" -DHCCN_MS_MINDSPORE_COMMIT="\"$commit\"" \
-  -I"$root/include" -isystem "$headers/ccsrc" -isystem "$headers/core/include" -isystem "$headers/core" \
+cxxflags=(-std=c++17 -O2 -Wall -Wextra -Werror -D_GLIBCXX_USE_CXX11_ABI=$cxx11_abi -I"$root/include"
+  -isystem "$headers/ccsrc" -isystem "$headers/core/include" -isystem "$headers/core")
+# The base classes' out-of-line members come from the wheel's own library.
+mindspore_link=("$abstract" -Wl,-rpath,"$ms/lib" -Wl,-rpath-link,"$ms/lib")
+
+mkdir -p "$out/hccn_ms"
+g++ "${cxxflags[@]}" -shared -fPIC -fvisibility=hidden \
+  -DHCCN_MS_MINDSPORE_VERSION="\"${pretend_version:-$version}\"" -DHCCN_MS_MINDSPORE_COMMIT="\"$commit\"" \
   "$here"/src/*.cc -o "$out/hccn_ms/libhccn_ms.so.tmp" \
   -Wl,-soname,libmpi_collective.so -Wl,--no-undefined \
-  -L"$lib" -lhccn -Wl,-rpath,"$lib" \
-  "$abstract" -Wl,-rpath,"$ms/lib" -Wl,-rpath-link,"$ms/lib"
+  -L"$lib" -lhccn -Wl,-rpath,"$lib" "${mindspore_link[@]}"
 mv "$out/hccn_ms/libhccn_ms.so.tmp" "$out/hccn_ms/libhccn_ms.so"
+if [ "$interface_test" = 1 ]; then
+  g++ "${cxxflags[@]}" -shared -fPIC "$here/tests/interface.cc" -o "$out/hccn_ms_interface_test.so" \
+    "${mindspore_link[@]}" -ldl
+fi
 cp "$here/hccn_ms/__init__.py" "$out/hccn_ms/__init__.py"
-echo "build.sh: $out/hccn_ms ready for MindSpore $version ($commit, C++11 ABI $cxx11_abi) (PYTHONPATH=$out)"
+echo "build.sh: $out/hccn_ms ready for MindSpore ${pretend_version:-$version} ($commit, C++11 ABI $cxx11_abi) (PYTHONPATH=$out)"

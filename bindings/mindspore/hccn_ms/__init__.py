@@ -137,13 +137,19 @@ def size():
 
 
 def _custom(func, out_shape, bprop=None):
-    return ops.Custom(
+    op = ops.Custom(
         func=f"{LIB_PATH}:{func}",
         out_shape=out_shape,
         out_dtype=lambda dtype, *rest: dtype,
         func_type="aot",
         bprop=bprop,
     )
+    # A collective must run on every rank, once per call, in program order. Marked as having a
+    # side effect (as MindSpore's own Barrier is), a graph neither merges two alike nor drops one
+    # whose result is unused (two alike and an unused one: 3 collectives with it, 1 without),
+    # and orders them. Inside a bprop the mark is not enough (see Broadcast).
+    op.add_prim_attr("side_effect_mem", True)
+    return op
 
 
 class AllReduce(nn.Cell):
@@ -223,12 +229,14 @@ class Broadcast(nn.Cell):
         super().__init__()
         init()
         self.root = ms.Tensor(np.array([int(root)], np.int64))
-        is_root = rank() == int(root)
+        scale = 1.0 if rank() == int(root) else 0.0
         reduce_grad = _custom("hccn_ms_allreduce_sum", lambda shape: shape)
 
         def bprop(x, root_t, out, dout):  # noqa: ARG001
-            summed = reduce_grad(dout)
-            return (summed if is_root else ops.zeros_like(summed), ops.zeros_like(root_t))
+            # Every rank must run the collective; graph mode drops it where the result looks
+            # unused (zeros_like, even under ops.depend), so the root's 1 and the others' 0 are
+            # a product with it.
+            return (reduce_grad(dout) * scale, ops.zeros_like(root_t))
 
         self.op = _custom("hccn_ms_broadcast", lambda shape, root_shape: shape, bprop)
 

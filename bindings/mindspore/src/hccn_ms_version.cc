@@ -52,7 +52,8 @@ std::string QuotedValue(const std::string &file, const std::string &key) {
 std::string Check() {
   const std::string lib_dir = LoadedMindSporeLibDir();
   if (lib_dir.empty()) return "libmindspore_hardware_abstract.so is not loaded; is MindSpore installed?";
-  const std::string package = lib_dir + "/..";
+  // The package directory: lib/'s parent.
+  const std::string package = lib_dir.substr(0, lib_dir.rfind('/'));
   const std::string version = QuotedValue(package + "/version.py", "__version__");
   // .commit_id holds e.g. "[sha1]:2d550373,[branch]:(HEAD,origin/r2.10,r2.10)".
   const std::string commit_line = QuotedValue(package + "/.commit_id", "__commit_id__");
