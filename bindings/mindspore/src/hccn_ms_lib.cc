@@ -1,10 +1,10 @@
 // MindSpore's CollectiveCommunicationLib over hccn's C ABI.
 //
-// How MindSpore drives it (CollectiveManager::Initialize in 2.10, CPU, "MPI" route): the CPU
-// device context loads it (host side) and calls Initialize, CreateCommunicationGroup(world),
-// AllGatherHostHashName (to number the ranks per host); then, because on CPU the "device" library
-// is the host one, it calls Initialize and CreateCommunicationGroup again on this same instance,
-// and finally GetGroup(name)->Initialize() for the world. User groups (create_group) go through
+// How MindSpore 2.10 drives it on CPU (CollectiveManager::Initialize, "MPI" route; the calls
+// were logged): Initialize, CreateCommunicationGroup(world, local size 0), AllGatherHostHashName
+// (to number the ranks per host), SetLocalGroupRank/Size; then, the "device" library being this
+// same instance on CPU, Initialize again, CreateCommunicationGroup(world) twice more (host and
+// device side) and GetGroup(world)->Initialize(). create_group(name) gives
 // CreateCommunicationGroup twice, GenerateRootInfo, BroadcastUniqueID and Initialize. Repeated
 // calls are therefore no-ops here.
 
