@@ -11,6 +11,7 @@
 #include "hccn_ms_lib.h"
 
 #include <cstring>
+#include <map>
 
 namespace hccn_ms {
 
@@ -51,14 +52,20 @@ bool HccnCollectiveLib::Initialize(uint32_t, uint32_t, uint32_t) {
     return true;
   } catch (const std::exception &e) {
     Raise(std::string("joining the hccnrun job: ") + e.what() +
-                  " (launch with hccnrun, and import hccn_ms before mindspore.communication.init())");
+          " (launch with hccnrun, and import hccn_ms before mindspore.communication.init())");
   }
 }
 
 bool HccnCollectiveLib::Finalize() {
+  // Lock order: a group's own lock, then the world's (world_ops_), then mu_; never the reverse.
+  std::map<std::string, std::shared_ptr<CommunicationGroup>> groups;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    groups.swap(groups_);
+  }
+  for (auto &entry : groups) (void)entry.second->Finalize();  // waits for a collective in flight
+  std::lock_guard<std::mutex> ops(world_ops_);
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto &entry : groups_) (void)entry.second->Finalize();
-  groups_.clear();
   world_.reset();
   initialized_ = false;
   finalized_ = true;
@@ -74,7 +81,7 @@ bool HccnCollectiveLib::CreateCommunicationGroup(const std::string &group_name,
   for (uint32_t r : group_ranks) {
     if (r >= global_rank_size_) {
       Raise("group " + group_name + ": rank " + std::to_string(r) + " is not in a world of " +
-                    std::to_string(global_rank_size_));
+            std::to_string(global_rank_size_));
     }
   }
   groups_[group_name] = std::make_shared<HccnGroup>(group_name, group_ranks, global_rank_id_, local_group_rank,
@@ -83,12 +90,15 @@ bool HccnCollectiveLib::CreateCommunicationGroup(const std::string &group_name,
 }
 
 bool HccnCollectiveLib::DestroyCommunicationGroup(const std::string &group_name) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = groups_.find(group_name);
-  if (it == groups_.end()) Raise("destroying group " + group_name + ", which does not exist");
-  (void)it->second->Finalize();
-  groups_.erase(it);
-  return true;
+  std::shared_ptr<CommunicationGroup> group;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = groups_.find(group_name);
+    if (it == groups_.end()) Raise("destroying group " + group_name + ", which does not exist");
+    group = it->second;
+    groups_.erase(it);
+  }
+  return group->Finalize();  // outside mu_: see Finalize
 }
 
 std::string HccnCollectiveLib::CommName(const std::string &group_name) { return "hccn:" + group_name; }
@@ -111,14 +121,15 @@ bool HccnCollectiveLib::BroadcastUniqueID(const std::string &, size_t, void *) {
   return true;
 }
 
-HccnGroup *HccnCollectiveLib::Find(const std::string &name, const char *what) {
+std::shared_ptr<HccnGroup> HccnCollectiveLib::Find(const std::string &name, const char *what) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = groups_.find(name);
   if (it == groups_.end()) {
     Raise(std::string(what) + ": no communication group " + name + " on rank " + std::to_string(global_rank_id_) +
           " (create_group makes one, on its members)");
   }
-  return static_cast<HccnGroup *>(it->second.get());
+  // Every group in the map is one CreateCommunicationGroup made.
+  return std::static_pointer_cast<HccnGroup>(it->second);
 }
 
 bool HccnCollectiveLib::AllGather(const void *send_buff, void *recv_buff, size_t send_count, TypeId data_type,

@@ -118,14 +118,15 @@ class HccnCollectiveLib final : public mindspore::device::CollectiveCommunicatio
   HccnCollectiveLib() = default;
   ~HccnCollectiveLib() override = default;
 
-  // The group named `name`; Raise()s when there is none.
-  HccnGroup *Find(const std::string &name, const char *what);
+  // The group named `name` (kept alive while in use, even if destroyed meanwhile); Raise()s
+  // when there is none.
+  std::shared_ptr<HccnGroup> Find(const std::string &name, const char *what);
 
+  // One thread at a time on the world communicator: MindSpore's kernels (world group), the AOT
+  // kernels, group creation. Taken before mu_ when both are held.
+  std::mutex world_ops_;
   std::mutex mu_;  // guards world_ and groups_ (the base class's map)
   std::optional<hccn::Comm> world_;
-  // One thread at a time on the world communicator: MindSpore's kernels (world group), the AOT
-  // kernels and group creation all use it.
-  std::mutex world_ops_;
 };
 
 template <class F>
@@ -143,13 +144,13 @@ bool HccnGroup::Run(const char *what, F call) {
 template <class F>
 bool HccnCollectiveLib::RunOnWorld(const char *what, F call) {
   try {
+    std::lock_guard<std::mutex> ops(world_ops_);  // Finalize cannot free the world meanwhile
     hccn_comm *world = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!world_) throw Refused("not part of an hccn job (launch with hccnrun)");
       world = world_->get();
     }
-    std::lock_guard<std::mutex> lock(world_ops_);
     call(world);
     return true;
   } catch (const std::exception &e) {
