@@ -79,13 +79,18 @@ if _problem:
 
 
 def _join():
-    """Joins the hccnrun job; False when not under hccnrun (its variables unset)."""
+    """Joins the hccnrun job; False when not under hccnrun (its variables unset or invalid)."""
+    global _not_joined
     code = _c.hccn_ms_join()
     if code == 0:
         return True
     if code == HCCN_ERROR_INVALID_ARGUMENT:
+        _not_joined = last_error()
         return False
     raise HccnError(code, last_error())
+
+
+_not_joined = ""
 
 
 def _take_mpi_route():
@@ -123,7 +128,7 @@ _REDUCE_OPS = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "averag
 def init():
     """Checks that this process joined an hccnrun job (importing the package joins it)."""
     if not ROUTE_ACTIVE:
-        raise HccnError(HCCN_ERROR_INVALID_ARGUMENT, "not under hccnrun: launch with hccnrun -n N -- python ...")
+        raise HccnError(HCCN_ERROR_INVALID_ARGUMENT, f"not in an hccnrun job ({_not_joined}): launch with hccnrun")
 
 
 def rank():

@@ -23,16 +23,17 @@ communication_lib_instance() {
 
 extern "C" {
 
-// Joins the job hccnrun started; 0, or the hccn_result (message: hccn_ms_last_error()).
+// Joins the job hccnrun started; 0, or the hccn_result (message: hccn_ms_last_error(); not
+// printed, since outside hccnrun failing is the expected answer).
 HCCN_MS_EXPORT int hccn_ms_join(void) {
   try {
     HccnCollectiveLib::Instance().Join();
     return 0;
   } catch (const hccn::Error &e) {
-    (void)hccn_ms::Report(e.what());
+    hccn_ms::Remember(e.what());
     return int(e.code());
   } catch (const std::exception &e) {
-    (void)hccn_ms::Report(e.what());
+    hccn_ms::Remember(e.what());
     return int(HCCN_ERROR_INTERNAL);
   }
 }

@@ -89,11 +89,15 @@ std::mutex g_last_error_mu;
 std::string g_last_error;
 }  // namespace
 
+void Remember(const std::string &message) {
+  std::lock_guard<std::mutex> lock(g_last_error_mu);
+  g_last_error = message;
+}
+
 bool Report(const std::string &message) {
   std::fprintf(stderr, "hccn_ms: %s\n", message.c_str());
   std::fflush(stderr);
-  std::lock_guard<std::mutex> lock(g_last_error_mu);
-  g_last_error = message;
+  Remember(message);
   return false;
 }
 

@@ -39,6 +39,9 @@ bool Report(const std::string &message);
 // throws on every MPI error).
 [[noreturn]] void Raise(const std::string &message);
 
+// Keeps `message` for LastError() without printing it (a failure the caller reports itself).
+void Remember(const std::string &message);
+
 // The message of the last Report in this process ("" when none).
 std::string LastError();
 
