@@ -11,7 +11,9 @@
 //! - tests/cells.py: the ops.Custom cells, in both modes;
 //! - tests/kill_step.py (2 and 4 ranks): a rank SIGKILLed mid-training; the survivors' steps
 //!   raise hccn's RANK_FAILED message;
-//! - tests/version_guard.py: a library recorded for another MindSpore is refused.
+//! - tests/version_guard.py: a library recorded for another MindSpore is refused;
+//! - examples/data_parallel.py: the tutorial's data-parallel script with `import hccn_ms` added,
+//!   its loop in PyNative and Model.train with dataset sinking in graph mode.
 //!
 //! Needs the release build and the venv (`bash scripts/setup-frameworks.sh mindspore`, which
 //! scripts/test.sh runs). The tests of this file run one at a time: each rank is a whole
@@ -51,7 +53,11 @@ fn root() -> PathBuf {
     root.canonicalize().unwrap_or(root)
 }
 
+/// `name` in bindings/mindspore/tests, or `name` itself when it is a path.
 fn script(name: &str) -> PathBuf {
+    if name.contains('/') {
+        return PathBuf::from(name);
+    }
     root().join("bindings/mindspore/tests").join(name)
 }
 
@@ -159,6 +165,48 @@ fn mindspore_api_over_hccn_pynative_4_ranks() {
 #[test]
 fn mindspore_api_over_hccn_graph_4_ranks() {
     native("graph", 4);
+}
+
+/// The checksum `rank r of n: weights checksum X` of every rank of examples/data_parallel.py, all
+/// equal; asserts that hccn's traces hold the gradient reducer's allreduces.
+fn tutorial_run(mode: &str, style: &str) -> f64 {
+    let dir = scratch(&format!("tutorial-{mode}-{style}"));
+    let traces = dir.join("traces");
+    let trace_env = traces.to_str().expect("utf-8 temp dir");
+    let example = root().join("bindings/mindspore/examples/data_parallel.py");
+    let example = example.to_str().expect("utf-8 path");
+    let out = run(2, &[], example, &[mode, style], &[("HCCN_TRACE", trace_env)], &dir);
+    assert_eq!(out.code, Some(0), "{mode} {style}: {}", out.describe());
+    let sums: Vec<f64> = (0..2)
+        .map(|r| {
+            let tag = format!("rank {r} of 2: weights checksum ");
+            let line = out.stdout.lines().find(|l| l.contains(&tag));
+            let line = line.unwrap_or_else(|| panic!("{mode} {style}: no {tag:?}: {}", out.describe()));
+            line.rsplit(' ').next().and_then(|x| x.parse().ok()).expect("a checksum")
+        })
+        .collect();
+    assert_eq!(sums[0], sums[1], "{mode} {style}: the replicas differ: {}", out.describe());
+    // 256 samples, 2 shards of 8 batches, 2 epochs: 16 steps, one allreduce per parameter each.
+    for r in 0..2 {
+        let trace = trace_of_rank(&traces, r);
+        for size in [32 * 64, 64, 64 * 10, 10] {
+            let count = fp32_allreduces(&trace, size);
+            assert!(count >= 16, "{mode} {style}, rank {r}: {count} allreduces of {size} gradients in hccn's trace");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    sums[0]
+}
+
+#[test]
+fn mindspore_tutorial_data_parallel_script_runs_with_only_the_import_added() {
+    let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let loop_sum = tutorial_run("pynative", "loop");
+    let model_sum = tutorial_run("graph", "sink");
+    assert!(
+        (loop_sum - model_sum).abs() <= 1e-5 * loop_sum.abs().max(1.0),
+        "the tutorial's loop in PyNative ({loop_sum}) and Model.train in graph mode ({model_sum}) trained apart"
+    );
 }
 
 #[test]
