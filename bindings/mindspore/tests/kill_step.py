@@ -1,7 +1,8 @@
 """A rank killed mid-training: the survivors' MindSpore step must raise hccn's RANK_FAILED.
 
 Data-parallel training over hccn (import hccn_ms, init(), DATA_PARALLEL); at step KILL_AT the
-last rank prints the time and SIGKILLs itself. The survivors' gradient allreduce fails as soon as
+last rank waits a second (the others block in the step's allreduce), prints the time and
+SIGKILLs itself. The survivors' gradient allreduce fails as soon as
 hccn sees the dead peer's socket close; each survivor prints when its step raised and with what.
 STYLE:
 - "ops": PyNative, gradients allreduced op by op with ops.AllReduce (MindSpore launches each
@@ -59,6 +60,9 @@ else:
 
 for s in range(STEPS):
     if s == KILL_AT and r == n - 1:
+        # Let the survivors reach the step's allreduce first, so that what is measured is how
+        # long a failure takes to surface, not how long their forward pass took.
+        time.sleep(1.0)
         print(f"[killed] rank {r} at {time.time():.3f}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     try:
