@@ -2,8 +2,8 @@
 // what MindSpore's own CPU kernels cannot do over the native route (hccn_ms_lib.h): AllReduce
 // with prod/max/min/average or on types other than float32/float16, and ReduceScatter, which has
 // no CPU kernel. Each has the AOT signature
-//   int f(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
-//         void* stream, void* extra)
+//   int f(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+//         void *stream, void *extra)
 // and runs the hccn collective on the host buffers MindSpore hands it (inputs first, then the
 // output), on the world communicator the library joined. A non-zero return makes MindSpore
 // raise; the message is kept for hccn_ms_last_error().
@@ -17,7 +17,7 @@
 
 namespace {
 
-std::optional<hccn_datatype> to_hccn(const char* dtype) {
+std::optional<hccn_datatype> to_hccn(const char *dtype) {
   if (dtype == nullptr) return std::nullopt;
   const std::string d(dtype);
   if (d == "float32" || d == "float") return HCCN_FP32;
@@ -35,7 +35,7 @@ std::optional<hccn_datatype> to_hccn(const char* dtype) {
   return std::nullopt;
 }
 
-uint64_t elements(int ndim, const int64_t* shape) {
+uint64_t elements(int ndim, const int64_t *shape) {
   uint64_t n = 1;
   for (int i = 0; i < ndim; i++) n *= uint64_t(shape[i] < 0 ? 0 : shape[i]);
   return n;
@@ -48,9 +48,9 @@ struct Failure {
 
 // Runs `body(world)` on the library's world communicator; 0, or a non-zero code after Report.
 template <class F>
-int guarded(const char* what, F body) {
+int guarded(const char *what, F body) {
   int code = int(HCCN_ERROR_INTERNAL);
-  bool ok = hccn_ms::HccnCollectiveLib::Instance().RunOnWorld(what, [&](hccn_comm* world) {
+  bool ok = hccn_ms::HccnCollectiveLib::Instance().RunOnWorld(what, [&](hccn_comm *world) {
     try {
       body(world);
     } catch (const Failure& f) {
@@ -64,7 +64,7 @@ int guarded(const char* what, F body) {
   return ok ? 0 : code;
 }
 
-hccn_datatype dtype_of(const char** dtypes, int i) {
+hccn_datatype dtype_of(const char **dtypes, int i) {
   std::optional<hccn_datatype> dt = to_hccn(dtypes[i]);
   if (!dt) {
     throw Failure{int(HCCN_ERROR_INVALID_ARGUMENT),
@@ -81,9 +81,9 @@ void expect_params(int nparam, int want) {
 }
 
 // params: [input, output], same shape and dtype.
-int allreduce(hccn_reduce_op op, const char* name, int nparam, void** params, int* ndims, int64_t** shapes,
-              const char** dtypes) {
-  return guarded(name, [&](hccn_comm* comm) {
+int allreduce(hccn_reduce_op op, const char *name, int nparam, void **params, int *ndims, int64_t **shapes,
+              const char **dtypes) {
+  return guarded(name, [&](hccn_comm *comm) {
     expect_params(nparam, 2);
     hccn_datatype dt = dtype_of(dtypes, 0);
     uint64_t count = elements(ndims[0], shapes[0]);
@@ -92,9 +92,9 @@ int allreduce(hccn_reduce_op op, const char* name, int nparam, void** params, in
 }
 
 // params: [input (size * d0, ...), output (d0, ...)]: rank r gets the reduction of rows r*d0...
-int reduce_scatter(hccn_reduce_op op, const char* name, int nparam, void** params, int* ndims, int64_t** shapes,
-                   const char** dtypes) {
-  return guarded(name, [&](hccn_comm* comm) {
+int reduce_scatter(hccn_reduce_op op, const char *name, int nparam, void **params, int *ndims, int64_t **shapes,
+                   const char **dtypes) {
+  return guarded(name, [&](hccn_comm *comm) {
     expect_params(nparam, 2);
     hccn_datatype dt = dtype_of(dtypes, 0);
     uint64_t count = elements(ndims[1], shapes[1]);
@@ -113,42 +113,27 @@ extern "C" {
 
 // ---- AOT kernels ----------------------------------------------------------------------------
 
-HCCN_MS_EXPORT int hccn_ms_allreduce_sum(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes, void*,
-                          void*) {
-  return allreduce(HCCN_SUM, "AllReduce(sum)", nparam, params, ndims, shapes, dtypes);
-}
-HCCN_MS_EXPORT int hccn_ms_allreduce_prod(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes, void*,
-                           void*) {
-  return allreduce(HCCN_PROD, "AllReduce(prod)", nparam, params, ndims, shapes, dtypes);
-}
-HCCN_MS_EXPORT int hccn_ms_allreduce_max(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes, void*,
-                          void*) {
-  return allreduce(HCCN_MAX, "AllReduce(max)", nparam, params, ndims, shapes, dtypes);
-}
-HCCN_MS_EXPORT int hccn_ms_allreduce_min(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes, void*,
-                          void*) {
-  return allreduce(HCCN_MIN, "AllReduce(min)", nparam, params, ndims, shapes, dtypes);
-}
-HCCN_MS_EXPORT int hccn_ms_allreduce_avg(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes, void*,
-                          void*) {
-  return allreduce(HCCN_AVG, "AllReduce(average)", nparam, params, ndims, shapes, dtypes);
-}
+// The AOT signature's parameters (the stream and the extra argument are unused on CPU).
+#define HCCN_MS_AOT_PARAMS int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *
 
-#define HCCN_MS_REDUCE_SCATTER(suffix, op, label)                                                           \
-  HCCN_MS_EXPORT int hccn_ms_reduce_scatter_##suffix(int nparam, void** params, int* ndims, int64_t** shapes, \
-                                                     const char** dtypes, void*, void*) {                  \
-    return reduce_scatter(op, "ReduceScatter(" label ")", nparam, params, ndims, shapes, dtypes);            \
+// hccn_ms_allreduce_<suffix> and hccn_ms_reduce_scatter_<suffix> for one reduce op.
+#define HCCN_MS_REDUCING(suffix, op, label)                                                           \
+  HCCN_MS_EXPORT int hccn_ms_allreduce_##suffix(HCCN_MS_AOT_PARAMS) {                                 \
+    return allreduce(op, "AllReduce(" label ")", nparam, params, ndims, shapes, dtypes);              \
+  }                                                                                                   \
+  HCCN_MS_EXPORT int hccn_ms_reduce_scatter_##suffix(HCCN_MS_AOT_PARAMS) {                            \
+    return reduce_scatter(op, "ReduceScatter(" label ")", nparam, params, ndims, shapes, dtypes);     \
   }
-HCCN_MS_REDUCE_SCATTER(sum, HCCN_SUM, "sum")
-HCCN_MS_REDUCE_SCATTER(prod, HCCN_PROD, "prod")
-HCCN_MS_REDUCE_SCATTER(max, HCCN_MAX, "max")
-HCCN_MS_REDUCE_SCATTER(min, HCCN_MIN, "min")
-HCCN_MS_REDUCE_SCATTER(avg, HCCN_AVG, "average")
-#undef HCCN_MS_REDUCE_SCATTER
+HCCN_MS_REDUCING(sum, HCCN_SUM, "sum")
+HCCN_MS_REDUCING(prod, HCCN_PROD, "prod")
+HCCN_MS_REDUCING(max, HCCN_MAX, "max")
+HCCN_MS_REDUCING(min, HCCN_MIN, "min")
+HCCN_MS_REDUCING(avg, HCCN_AVG, "average")
+#undef HCCN_MS_REDUCING
 
 // params: [input (d0, ...), output (size * d0, ...)]: rank order along the first dimension.
-HCCN_MS_EXPORT int hccn_ms_allgather(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes, void*, void*) {
-  return guarded("AllGather", [&](hccn_comm* comm) {
+HCCN_MS_EXPORT int hccn_ms_allgather(HCCN_MS_AOT_PARAMS) {
+  return guarded("AllGather", [&](hccn_comm *comm) {
     expect_params(nparam, 2);
     hccn_datatype dt = dtype_of(dtypes, 0);
     uint64_t count = elements(ndims[0], shapes[0]);
@@ -162,8 +147,8 @@ HCCN_MS_EXPORT int hccn_ms_allgather(int nparam, void** params, int* ndims, int6
 }
 
 // params: [input, root (int64 scalar or [1]), output]: the root's input on every rank.
-HCCN_MS_EXPORT int hccn_ms_broadcast(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes, void*, void*) {
-  return guarded("Broadcast", [&](hccn_comm* comm) {
+HCCN_MS_EXPORT int hccn_ms_broadcast(HCCN_MS_AOT_PARAMS) {
+  return guarded("Broadcast", [&](hccn_comm *comm) {
     expect_params(nparam, 3);
     hccn_datatype dt = dtype_of(dtypes, 0);
     if (dtypes[1] == nullptr || std::string(dtypes[1]) != "int64" || elements(ndims[1], shapes[1]) != 1) {
@@ -179,5 +164,7 @@ HCCN_MS_EXPORT int hccn_ms_broadcast(int nparam, void** params, int* ndims, int6
     hccn::check(hccn_broadcast(params[2], count, dt, uint32_t(root), comm, nullptr), "hccn_broadcast");
   });
 }
+
+#undef HCCN_MS_AOT_PARAMS
 
 }  // extern "C"

@@ -339,11 +339,12 @@ void CheckErrors(CollectiveCommunicationLib *lib) {
               "no communication group nowhere", "unknown group");
   CheckThrows([&] { lib->AllReduce(x.data(), x.data(), 1, f32.id, CollectiveOpReduceType::Reduce_ASum, kWorld); },
               "no reduce op", "ASum");
-  CheckThrows([&] { lib->AllReduce(x.data(), x.data(), 1, TypeId::kNumberTypeComplex64, CollectiveOpReduceType::Reduce_Sum, kWorld); },
-              "no datatype", "complex64");
+  const auto sum = CollectiveOpReduceType::Reduce_Sum;
+  CheckThrows([&] { lib->AllReduce(x.data(), x.data(), 1, TypeId::kNumberTypeComplex64, sum, kWorld); }, "no datatype",
+              "complex64");
   uint8_t flags[2] = {1, 0};
-  CheckThrows([&] { lib->AllReduce(flags, flags, 2, TypeId::kNumberTypeBool, CollectiveOpReduceType::Reduce_Sum, kWorld); },
-              "no reduction for bool", "bool allreduce");
+  CheckThrows([&] { lib->AllReduce(flags, flags, 2, TypeId::kNumberTypeBool, sum, kWorld); }, "no reduction for bool",
+              "bool allreduce");
   std::vector<uint8_t> all(2 * g_size, 0xee);
   uint8_t mine[2] = {uint8_t(g_rank % 2), 1};
   lib->AllGather(mine, all.data(), 2, TypeId::kNumberTypeBool, kWorld);  // bool moves as bytes
@@ -396,8 +397,12 @@ extern "C" __attribute__((visibility("default"))) int hccn_ms_interface_test(con
     CheckGroups(lib);
     CheckErrors(lib);
     Check(lib->Finalize(), "Finalize");
-    CheckThrows([&] { lib->AllReduce(hashes.data(), hashes.data(), 1, TypeId::kNumberTypeUInt64, CollectiveOpReduceType::Reduce_Sum, kWorld); },
-                "no communication group", "AllReduce after Finalize");
+    CheckThrows(
+      [&] {
+        lib->AllReduce(hashes.data(), hashes.data(), 1, TypeId::kNumberTypeUInt64, CollectiveOpReduceType::Reduce_Sum,
+                       kWorld);
+      },
+      "no communication group", "AllReduce after Finalize");
   } catch (const std::exception &e) {
     std::printf("FAIL rank %u: unexpected exception: %s\n", g_rank, e.what());
     std::fflush(stdout);
