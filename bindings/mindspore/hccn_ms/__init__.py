@@ -1,57 +1,48 @@
-"""hccn collectives in MindSpore, through ops.Custom(func_type="aot") on CPU.
+"""hccn as MindSpore's collective communication library on CPU.
 
+    import hccn_ms                                   # first, under hccnrun
     import mindspore as ms
-    import hccn_ms
+    from mindspore.communication import init, get_rank, get_group_size
+    from mindspore import ops
 
-    hccn_ms.init()                                  # the job hccnrun started
-    allreduce = hccn_ms.AllReduce("sum")            # an nn.Cell, with a gradient
-    y = allreduce(ms.Tensor([1.0, 2.0]))
-    g = hccn_ms.AllGather()(x)                      # (size * d0, ...), rank order
-    w = hccn_ms.Broadcast(root=0)(w)
+    init()                                           # MindSpore's own API, now over hccn
+    y = ops.AllReduce()(ms.Tensor([1.0, 2.0]))       # ... and its own ops
 
-MindSpore has no public plug-in route for a third-party collective library (the libraries it
-loads are fixed in its code, and `mindspore.communication.init` accepts only hccl, nccl and
-mccl), so this package is the supported way in: each cell wraps an ops.Custom whose kernel is an
-`extern "C"` function of _hccn_ms_aot.so (bindings/mindspore/hccn_ms_aot.cc) that runs the hccn
-collective on the host buffers MindSpore hands it.
+Importing this package under hccnrun joins the job (hccn_init_from_env) and makes MindSpore take
+the route it takes under Open MPI: it loads libhccn_ms.so, whose soname is
+"libmpi_collective.so", so the dlopen of that name in MindSpore's CPU backend returns it, and
+MindSpore's `init()`, `create_group()`, communication ops (PyNative and graph mode) and the
+data-parallel gradient reducer run over hccn (details: bindings/mindspore/README.md). Not under
+hccnrun, it changes nothing.
 
-Every rank must run the same collectives in the same order: use PyNative mode (program order),
-or make sure a graph orders them through data dependencies.
+The same library also serves ops.Custom(func_type="aot") cells for what MindSpore's own CPU
+kernels refuse (they take float32/float16 sums only, and AllGather/Broadcast on the world group
+only): `ReduceScatter(op)`, which has no CPU kernel at all, `AllReduce(op)` with "prod", "max",
+"min" or "average" on any dtype, and `AllGather()` / `Broadcast(root)` on any dtype. They work in
+both modes, with gradients, on the world communicator; every rank must run them in the same
+order (program order in PyNative, data dependencies in a graph).
 """
 
 import atexit
 import ctypes
 import os
-import threading
-
-import numpy as np
-import mindspore as ms
-from mindspore import nn, ops
 
 __all__ = [
     "HccnError",
+    "ROUTE_ACTIVE",
     "init",
-    "shutdown",
     "rank",
     "size",
     "last_error",
+    "built_for",
     "AllReduce",
     "AllGather",
     "Broadcast",
-    "broadcast_parameters",
-    "GradientAverager",
+    "ReduceScatter",
 ]
 
-LIB_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_hccn_ms_aot.so")
-_c = ctypes.CDLL(LIB_PATH)
-for _name in ("hccn_ms_init", "hccn_ms_rank", "hccn_ms_size"):
-    getattr(_c, _name).restype = ctypes.c_int
-_c.hccn_ms_last_error.restype = ctypes.c_char_p
-_c.hccn_ms_shutdown.restype = None
-
-_REDUCE_OPS = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "average": "avg", "mean": "avg"}
-_lock = threading.Lock()
-_initialised = False
+LIB_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libhccn_ms.so")
+HCCN_ERROR_INVALID_ARGUMENT = 1
 
 
 class HccnError(RuntimeError):
@@ -62,25 +53,82 @@ class HccnError(RuntimeError):
         self.code = code
 
 
+# Loading it registers the soname libmpi_collective.so in this process: MindSpore's later
+# dlopen("libmpi_collective.so") returns this library instead of searching its own lib directory.
+_c = ctypes.CDLL(LIB_PATH)
+for _name in ("hccn_ms_join", "hccn_ms_rank", "hccn_ms_size"):
+    getattr(_c, _name).restype = ctypes.c_int
+for _name in ("hccn_ms_last_error", "hccn_ms_version_problem", "hccn_ms_built_for"):
+    getattr(_c, _name).restype = ctypes.c_char_p
+_c.hccn_ms_shutdown.restype = None
+
+
+def last_error():
+    """The message of the last failing hccn call or kernel ("" when none)."""
+    return _c.hccn_ms_last_error().decode(errors="replace")
+
+
+def built_for():
+    """The MindSpore version this library was compiled against."""
+    return _c.hccn_ms_built_for().decode()
+
+
+_problem = _c.hccn_ms_version_problem()
+if _problem:
+    raise ImportError(_problem.decode(errors="replace"))
+
+
+def _join():
+    """Joins the hccnrun job; False when not under hccnrun (its variables unset or invalid)."""
+    global _not_joined
+    code = _c.hccn_ms_join()
+    if code == 0:
+        return True
+    if code == HCCN_ERROR_INVALID_ARGUMENT:
+        _not_joined = last_error()
+        return False
+    raise HccnError(code, last_error())
+
+
+_not_joined = ""
+
+
+def _take_mpi_route():
+    """Makes MindSpore load "libmpi_collective.so" (this library) for its CPU collectives.
+
+    MindSpore (utils/ms_utils.h UseMPI, communication/_comm_helper.py _check_mpi_envs) takes its
+    Open MPI route when OMPI_COMMAND and PMIX_RANK are set and MS_ROLE is not; it reads them when
+    init() runs, so setting them here, before init(), is enough.
+    """
+    for var in ("MS_ROLE", "MS_SCHED_HOST"):
+        if os.environ.get(var):
+            raise ImportError(
+                f"hccn_ms: {var} is set, so MindSpore would build its own cluster (msrun) and not use "
+                "hccn; launch with hccnrun alone"
+            )
+    os.environ["OMPI_COMMAND"] = "hccnrun"
+    os.environ["PMIX_RANK"] = str(_c.hccn_ms_rank())
+
+
+ROUTE_ACTIVE = _join()
+if ROUTE_ACTIVE:
+    _take_mpi_route()
+    # Leave the job while Python shuts down, before C++ static teardown (where MindSpore would
+    # otherwise finalize it); MindSpore's own Finalize later is then a no-op.
+    atexit.register(_c.hccn_ms_shutdown)
+
+# The cells below need MindSpore itself; imported after the environment is arranged.
+import numpy as np  # noqa: E402
+import mindspore as ms  # noqa: E402
+from mindspore import nn, ops  # noqa: E402
+
+_REDUCE_OPS = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "average": "avg", "mean": "avg"}
+
+
 def init():
-    """Joins the job that hccnrun started (hccn_init_from_env); later calls do nothing."""
-    global _initialised
-    with _lock:
-        if _initialised:
-            return
-        code = _c.hccn_ms_init()
-        if code != 0:
-            raise HccnError(code, last_error())
-        _initialised = True
-        atexit.register(shutdown)
-
-
-def shutdown():
-    global _initialised
-    with _lock:
-        if _initialised:
-            _c.hccn_ms_shutdown()
-            _initialised = False
+    """Checks that this process joined an hccnrun job (importing the package joins it)."""
+    if not ROUTE_ACTIVE:
+        raise HccnError(HCCN_ERROR_INVALID_ARGUMENT, f"not in an hccnrun job ({_not_joined}): launch with hccnrun")
 
 
 def rank():
@@ -93,23 +141,24 @@ def size():
     return _c.hccn_ms_size()
 
 
-def last_error():
-    """The message of the last failing hccn kernel ("" when none)."""
-    return _c.hccn_ms_last_error().decode(errors="replace")
-
-
 def _custom(func, out_shape, bprop=None):
-    return ops.Custom(
+    op = ops.Custom(
         func=f"{LIB_PATH}:{func}",
         out_shape=out_shape,
         out_dtype=lambda dtype, *rest: dtype,
         func_type="aot",
         bprop=bprop,
     )
+    # A collective must run on every rank, once per call, in program order. Marked as having a
+    # side effect (as MindSpore's own Barrier is), a graph neither merges two alike nor drops one
+    # whose result is unused (two alike and an unused one: 3 collectives with it, 1 without),
+    # and orders them. Inside a bprop the mark is not enough (see Broadcast).
+    op.add_prim_attr("side_effect_mem", True)
+    return op
 
 
 class AllReduce(nn.Cell):
-    """Elementwise `op` ("sum", "prod", "max", "min", "average") over all ranks.
+    """Elementwise `op` ("sum", "prod", "max", "min", "average") over all ranks, any dtype.
 
     Gradient (sum and average): the same allreduce of the incoming gradient, i.e. the gradient
     of the sum of every rank's loss (Horovod's convention).
@@ -129,6 +178,27 @@ class AllReduce(nn.Cell):
                 return (grad_op(dout),)
 
         self.op = _custom(func, lambda shape: shape, bprop)
+
+    def construct(self, x):
+        return self.op(x)
+
+
+class ReduceScatter(nn.Cell):
+    """`op` over all ranks of inputs of shape (size * d0, ...); rank r gets rows r*d0 .. (r+1)*d0."""
+
+    def __init__(self, op="sum"):
+        super().__init__()
+        if op not in _REDUCE_OPS:
+            raise ValueError(f"op must be one of {sorted(_REDUCE_OPS)}, not {op!r}")
+        init()
+        n = size()
+
+        def out_shape(shape):
+            if not shape or shape[0] % n != 0:
+                raise ValueError(f"ReduceScatter: the first dimension of {shape} is not a multiple of {n}")
+            return [shape[0] // n] + list(shape[1:])
+
+        self.op = _custom(f"hccn_ms_reduce_scatter_{_REDUCE_OPS[op]}", out_shape)
 
     def construct(self, x):
         return self.op(x)
@@ -164,32 +234,16 @@ class Broadcast(nn.Cell):
         super().__init__()
         init()
         self.root = ms.Tensor(np.array([int(root)], np.int64))
-        is_root = rank() == int(root)
+        scale = 1.0 if rank() == int(root) else 0.0
         reduce_grad = _custom("hccn_ms_allreduce_sum", lambda shape: shape)
 
         def bprop(x, root_t, out, dout):  # noqa: ARG001
-            summed = reduce_grad(dout)
-            return (summed if is_root else ops.zeros_like(summed), ops.zeros_like(root_t))
+            # Every rank must run the collective; graph mode drops it where the result looks
+            # unused (zeros_like, even under ops.depend), so the root's 1 and the others' 0 are
+            # a product with it.
+            return (reduce_grad(dout) * scale, ops.zeros_like(root_t))
 
         self.op = _custom("hccn_ms_broadcast", lambda shape, root_shape: shape, bprop)
 
     def construct(self, x):
         return self.op(x, self.root)
-
-
-def broadcast_parameters(params, root=0):
-    """Sets each parameter to `root`'s value, in list order (start of training)."""
-    bcast = Broadcast(root)
-    for p in params:
-        p.set_data(bcast(p.value()))
-
-
-class GradientAverager(nn.Cell):
-    """Averages a tuple of gradients over the ranks, in order (data parallelism)."""
-
-    def __init__(self):
-        super().__init__()
-        self.allreduce = AllReduce("average")
-
-    def construct(self, grads):
-        return tuple(self.allreduce(g) for g in grads)
