@@ -78,6 +78,9 @@ pub enum FrameKind {
     /// operation, so ranks waiting for it would wait in vain): every rank's operation `seq`
     /// fails with the same error (payload: `transport::news::encode_abandon`).
     Abandon = 9,
+    /// Who the sender is: its incarnation id (8 bytes: how news names it, see
+    /// `transport::news`) and its pulse port (2 bytes, 0 for none; `transport::pulse`).
+    Intro = 10,
 }
 
 impl FrameKind {
@@ -92,6 +95,7 @@ impl FrameKind {
             7 => Some(FrameKind::Suspect),
             8 => Some(FrameKind::Evict),
             9 => Some(FrameKind::Abandon),
+            10 => Some(FrameKind::Intro),
             _ => None,
         }
     }

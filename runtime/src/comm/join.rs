@@ -189,7 +189,8 @@ impl Communicator {
         for (peer, sock) in socks {
             links[peer as usize] = Some(tcp::start_link(sock, peer, &inbox, cfg)?);
         }
-        let net = Arc::new(Net::new(rank, links, inbox, cfg));
+        let pulse = crate::transport::pulse::Pulse::open(cfg.bind_addr, token);
+        let net = Arc::new(Net::new(rank, links, inbox, pulse, cfg));
         let inner = CommInner::new(net, adm.id, adm.epoch, rank, (0..size).collect(), cfg.timeout, cfg.chunk_bytes);
         tracing::info!(rank, size, epoch = adm.epoch, "joined");
         Ok(Some(Communicator::world(inner, origin)))
@@ -227,6 +228,9 @@ impl Communicator {
         for (peer, sock) in connect_joiners(&adm, rank, &origin.token, cfg)? {
             let net = &c.net;
             let world = net.links.add(|w| tcp::start_link(sock, w, &net.inbox, cfg))?;
+            if let Some(link) = net.links.get(world) {
+                net.introduce(link.as_ref());
+            }
             debug_assert_eq!(members.len() as u32, peer);
             members.push(world);
         }

@@ -306,7 +306,7 @@ impl CommInner {
         if !self.net.inbox.mark_abandoned(self.id, seq, why.clone()) {
             return;
         }
-        let payload = news::encode_abandon(&why);
+        let payload = news::encode_abandon(&why, &|r| self.net.inbox.id_of(r));
         let hdr = FrameHeader::control(FrameKind::Abandon, self.id, self.epoch, seq, payload.len());
         for (r, &w) in self.members.iter().enumerate() {
             if r as u32 != self.rank {

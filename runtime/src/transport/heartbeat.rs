@@ -4,6 +4,8 @@
 //! socket EOF catches processes that die, silence catches those that stop (SIGSTOP, a hung
 //! host) and links that are cut without a reset. A silent peer is told so (`Evict`) before its
 //! connection closes, so that if it was only frozen it learns on waking that it was left behind.
+//! A link is alive while bytes arrive on it or its pulses do (pulse.rs): a slow link or a short
+//! cut is slow, not dead.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,12 +13,15 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::pulse::Pulse;
+use super::waker::{wait_readable, Waker};
 use super::{news, Fault, Inbox, LinkTable};
 use crate::wire::{FrameHeader, FrameKind};
 
 /// A thread per world of processes; stops (promptly) when dropped.
 pub(crate) struct Watchdog {
     stop: Arc<AtomicBool>,
+    waker: Arc<Waker>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -24,18 +29,27 @@ pub(crate) struct Watchdog {
 const RETRY: Duration = Duration::from_millis(5);
 
 impl Watchdog {
-    /// `every` zero turns heartbeats and silence detection off (losses are still told).
-    pub fn start(peers: Arc<LinkTable>, inbox: Arc<Inbox>, every: Duration, dead_after: Duration) -> Option<Self> {
+    /// `every` zero turns heartbeats, pulses and silence detection off (losses are still told).
+    pub fn start(
+        peers: Arc<LinkTable>,
+        inbox: Arc<Inbox>,
+        pulse: Option<Arc<Pulse>>,
+        every: Duration,
+        dead_after: Duration,
+    ) -> Option<Self> {
+        let waker = Waker::new().map_err(|e| tracing::error!("no watchdog (eventfd: {e})")).ok().map(Arc::new)?;
         let stop = Arc::new(AtomicBool::new(false));
-        let stop2 = stop.clone();
-        let inbox2 = inbox.clone();
+        let (stop2, inbox2, waker2) = (stop.clone(), inbox.clone(), waker.clone());
         let thread = std::thread::Builder::new()
             .name("hccn-watchdog".into())
-            .spawn(move || watch(&peers, &inbox2, every, dead_after, &stop2))
+            .spawn(move || {
+                let w = Watch { peers: &peers, inbox: &inbox2, pulse: pulse.as_deref(), waker: &waker2 };
+                w.run(every, dead_after, &stop2)
+            })
             .map_err(|e| tracing::error!("no watchdog thread: silent peers will only time out: {e}"))
             .ok()?;
-        inbox.set_announcer(thread.thread().clone());
-        Some(Watchdog { stop, thread: Some(thread) })
+        inbox.set_announcer(waker.clone());
+        Some(Watchdog { stop, waker, thread: Some(thread) })
     }
 }
 
@@ -43,7 +57,7 @@ impl Drop for Watchdog {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.thread.take() {
-            t.thread().unpark();
+            self.waker.wake();
             let _ = t.join();
         }
     }
@@ -53,50 +67,77 @@ fn header(kind: FrameKind, len: usize) -> FrameHeader {
     FrameHeader::control(kind, 0, 0, 0, len)
 }
 
-fn watch(peers: &LinkTable, inbox: &Inbox, every: Duration, dead_after: Duration, stop: &AtomicBool) {
-    let mut declared = HashSet::new();
-    // Suspect notices each link still has to take.
-    let mut pending: Vec<(u32, Vec<u8>)> = Vec::new();
-    while !stop.load(Ordering::SeqCst) {
-        let lost = inbox.announcements();
-        let failed = inbox.failed();
-        if !lost.is_empty() {
-            let payload = news::encode(&lost);
-            let live = peers.all().into_iter().filter(|(r, _)| !failed.contains_key(r));
-            pending.extend(live.map(|(r, _)| (r, payload.clone())));
-        }
-        pending.retain(|(rank, payload)| match peers.get(*rank) {
-            Some(link) if !failed.contains_key(rank) => {
-                !link.control(&header(FrameKind::Suspect, payload.len()), payload)
+struct Watch<'a> {
+    peers: &'a LinkTable,
+    inbox: &'a Inbox,
+    pulse: Option<&'a Pulse>,
+    waker: &'a Waker,
+}
+
+impl Watch<'_> {
+    fn run(&self, every: Duration, dead_after: Duration, stop: &AtomicBool) {
+        let (peers, inbox) = (self.peers, self.inbox);
+        let mut declared = HashSet::new();
+        // Suspect notices each link still has to take.
+        let mut pending: Vec<(u32, Vec<u8>)> = Vec::new();
+        let mut next_beat = std::time::Instant::now();
+        while !stop.load(Ordering::SeqCst) {
+            let lost = inbox.announcements();
+            let failed = inbox.failed();
+            if !lost.is_empty() {
+                let payload = news::encode(&inbox.by_id(lost));
+                let live = peers.all().into_iter().filter(|(r, _)| !failed.contains_key(r));
+                pending.extend(live.map(|(r, _)| (r, payload.clone())));
             }
-            _ => false,
-        });
-        if !every.is_zero() {
-            for (rank, link) in peers.all() {
-                if declared.contains(&rank) || failed.contains_key(&rank) {
-                    continue;
+            pending.retain(|(rank, payload)| match peers.get(*rank) {
+                Some(link) if !failed.contains_key(rank) => {
+                    !link.control(&header(FrameKind::Suspect, payload.len()), payload)
                 }
-                link.heartbeat();
-                let silent = link.silent_for();
-                // Bytes waiting in the socket mean the peer spoke and our reader is merely behind
-                // (a starved thread on a loaded machine), not that the peer is gone.
-                if silent > dead_after && !link.has_unread() {
-                    declared.insert(rank);
-                    let why =
-                        format!("silent for {} ms: frozen, hung or cut off (HCCN_DEAD_AFTER_MS)", silent.as_millis());
-                    let evict = news::encode_reason(&why);
-                    link.control(&header(FrameKind::Evict, evict.len()), &evict);
-                    inbox.mark_failed(rank, Fault::cut(why));
-                    link.close(None);
+                _ => false,
+            });
+            let n = peers.len();
+            if let Some(p) = self.pulse {
+                let addrs = inbox.pulse_ranks();
+                p.receive(n, &|from| addrs.iter().find(|(_, a)| *a == from).map(|(r, _)| *r));
+            }
+            if !every.is_zero() && std::time::Instant::now() >= next_beat {
+                next_beat = std::time::Instant::now() + every;
+                if let Some(p) = self.pulse {
+                    p.send(&inbox.pulse_addrs());
+                }
+                for (rank, link) in peers.all() {
+                    if declared.contains(&rank) || failed.contains_key(&rank) {
+                        continue;
+                    }
+                    link.heartbeat();
+                    // The link or its pulses: whichever was heard last.
+                    let pulse = self.pulse.and_then(|p| p.silent_for(rank));
+                    let silent = pulse.map_or(link.silent_for(), |p| p.min(link.silent_for()));
+                    // Bytes waiting in the socket mean the peer spoke and our reader is merely
+                    // behind (a starved thread on a loaded machine), not that the peer is gone.
+                    if silent > dead_after && !link.has_unread() {
+                        declared.insert(rank);
+                        let why = format!(
+                            "silent for {} ms: frozen, hung or cut off (HCCN_DEAD_AFTER_MS)",
+                            silent.as_millis()
+                        );
+                        let evict = news::encode_reason(&why);
+                        link.control(&header(FrameKind::Evict, evict.len()), &evict);
+                        inbox.mark_failed(rank, Fault::cut(why));
+                        link.close(None);
+                    }
                 }
             }
+            let nap = match (pending.is_empty(), every.is_zero()) {
+                (false, _) => RETRY,
+                (true, false) => next_beat.saturating_duration_since(std::time::Instant::now()),
+                // Only news wakes a watchdog without heartbeats.
+                (true, true) => Duration::from_secs(3600),
+            };
+            let fds: smallvec::SmallVec<[std::os::fd::RawFd; 2]> =
+                [Some(self.waker.fd()), self.pulse.map(Pulse::fd)].into_iter().flatten().collect();
+            wait_readable(&fds, nap);
+            self.waker.clear();
         }
-        let nap = match (pending.is_empty(), every.is_zero()) {
-            (false, _) => RETRY,
-            (true, false) => every,
-            // Only news wakes a watchdog without heartbeats (it unparks this thread).
-            (true, true) => Duration::from_secs(3600),
-        };
-        std::thread::park_timeout(nap);
     }
 }

@@ -17,8 +17,10 @@ pub(crate) mod linkcost;
 pub(crate) mod news;
 mod placement;
 pub(crate) mod pool;
+pub(crate) mod pulse;
 pub(crate) mod shm;
 pub(crate) mod tcp;
+mod waker;
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -124,6 +126,10 @@ struct InboxState {
     cuts: BTreeMap<(u32, u32), String>,
     /// This rank's own losses not yet told to the peers (see `Inbox::announcements`).
     unannounced: Vec<(u32, Fault)>,
+    /// Where each peer listens for pulses (see pulse.rs).
+    pulse_addrs: BTreeMap<u32, std::net::SocketAddr>,
+    /// The world rank of each incarnation this world knows (see [`incarnation`]).
+    ranks_of: HashMap<u64, u32>,
     /// Communicators revoked here or by a peer.
     revoked: HashSet<u64>,
     /// Collectives (communicator id, sequence number) that some rank left, with the error it got.
@@ -199,7 +205,7 @@ pub(crate) struct Inbox {
     /// receive usually polls for its frame instead of sleeping).
     sleepers: std::sync::atomic::AtomicU32,
     /// Woken when this rank loses a peer, to tell the others (see `heartbeat.rs`).
-    announcer: Mutex<Option<std::thread::Thread>>,
+    announcer: Mutex<Option<Arc<waker::Waker>>>,
 }
 
 /// The error of a wait that needed world rank `rank`, which left on purpose knowing of `news`.
@@ -316,10 +322,9 @@ impl Inbox {
     }
 
     /// Records what world rank `reporter` told of its own losses: each lost peer's link to it is
-    /// cut. A lost peer whose process is surely gone is this rank's loss too (a dead process
-    /// closes every connection: this rank's own link says so in a moment; the report only
-    /// comes first).
-    pub fn note_suspects(&self, reporter: u32, faults: Vec<(u32, Fault)>) {
+    /// cut.
+    pub fn note_suspects(&self, reporter: u32, faults: Vec<(u64, Fault)>) {
+        let faults = self.by_rank(faults);
         let mut st = self.lock();
         for (lost, f) in faults {
             if lost != reporter {
@@ -349,15 +354,61 @@ impl Inbox {
         out
     }
 
-    /// The thread that tells peers of this rank's losses (see `heartbeat.rs`).
-    pub fn set_announcer(&self, thread: std::thread::Thread) {
-        *self.announcer.lock().unwrap_or_else(|p| p.into_inner()) = Some(thread);
+    /// What wakes the thread that tells peers of this rank's losses (see `heartbeat.rs`).
+    pub fn set_announcer(&self, waker: Arc<waker::Waker>) {
+        *self.announcer.lock().unwrap_or_else(|p| p.into_inner()) = Some(waker);
     }
 
     fn wake_announcer(&self) {
-        if let Some(t) = self.announcer.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-            t.unpark();
+        if let Some(w) = self.announcer.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            w.wake();
         }
+    }
+
+    /// Records who world rank `peer` is (its incarnation) and where it listens for pulses.
+    pub fn note_intro(&self, peer: u32, id: u64, pulse: Option<std::net::SocketAddr>) {
+        let mut st = self.lock();
+        st.ranks_of.insert(id, peer);
+        if let Some(addr) = pulse {
+            st.pulse_addrs.insert(peer, addr);
+        }
+    }
+
+    /// The world rank of incarnation `id`, if known here.
+    pub fn rank_of(&self, id: u64) -> Option<u32> {
+        self.lock().ranks_of.get(&id).copied()
+    }
+
+    /// The incarnation of world rank `rank`, if known here.
+    pub fn id_of(&self, rank: u32) -> Option<u64> {
+        self.lock().ranks_of.iter().find(|(_, r)| **r == rank).map(|(id, _)| *id)
+    }
+
+    /// `faults` with their processes named by incarnation (for news to peers).
+    pub fn by_id(&self, faults: Vec<(u32, Fault)>) -> Vec<(u64, Fault)> {
+        let st = self.lock();
+        faults
+            .into_iter()
+            .filter_map(|(r, f)| st.ranks_of.iter().find(|(_, w)| **w == r).map(|(id, _)| (*id, f)))
+            .collect()
+    }
+
+    /// `faults` from a peer's news with their processes named by world rank here (those this
+    /// world does not know are left out).
+    pub fn by_rank(&self, faults: Vec<(u64, Fault)>) -> Vec<(u32, Fault)> {
+        let st = self.lock();
+        faults.into_iter().filter_map(|(id, f)| Some((*st.ranks_of.get(&id)?, f))).collect()
+    }
+
+    /// Where each peer's pulses come from, by world rank.
+    pub fn pulse_ranks(&self) -> Vec<(u32, std::net::SocketAddr)> {
+        self.lock().pulse_addrs.iter().map(|(r, a)| (*r, *a)).collect()
+    }
+
+    /// Where the live peers listen for pulses.
+    pub fn pulse_addrs(&self) -> Vec<std::net::SocketAddr> {
+        let st = self.lock();
+        st.pulse_addrs.iter().filter(|(r, _)| !st.failed.contains_key(r)).map(|(_, a)| *a).collect()
     }
 
     pub fn revoke(&self, comm_id: u64) {
@@ -386,7 +437,7 @@ impl Inbox {
 
     /// An `Abandon` frame from world rank `peer` (see `wire::FrameKind::Abandon`).
     pub fn note_abandon(&self, peer: u32, hdr: FrameHeader, payload: &[u8]) {
-        match news::decode_abandon(payload) {
+        match news::decode_abandon(payload, &|id| self.rank_of(id)) {
             Some(why) => {
                 tracing::debug!(peer, comm = hdr.comm_id, seq = hdr.seq, "operation abandoned: {}", why.message);
                 self.mark_abandoned(hdr.comm_id, hdr.seq, why);
@@ -401,7 +452,8 @@ impl Inbox {
     }
 
     /// Records that world rank `rank` closed its side on purpose, knowing of `news`.
-    pub fn mark_departed(&self, rank: u32, news: Vec<(u32, Fault)>) {
+    pub fn mark_departed(&self, rank: u32, news: Vec<(u64, Fault)>) {
+        let news = self.by_rank(news);
         let mut st = self.lock();
         if !st.failed.contains_key(&rank) {
             st.departed.insert(rank, news);
@@ -618,6 +670,11 @@ impl LinkTable {
         links.iter().enumerate().filter_map(|(r, l)| l.clone().map(|l| (r as u32, l))).collect()
     }
 
+    /// How many world ranks the table covers (the world's size, joiners included).
+    pub fn len(&self) -> usize {
+        self.links.read().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
     /// Adds the link that `make` builds for the next world rank, and returns that rank.
     pub fn add(&self, make: impl FnOnce(u32) -> Result<Arc<dyn Link>>) -> Result<u32> {
         let mut links = self.links.write().unwrap_or_else(|p| p.into_inner());
@@ -639,6 +696,8 @@ pub(crate) struct Net {
     timeout: Duration,
     graceful: std::sync::atomic::AtomicBool,
     watchdog: Option<heartbeat::Watchdog>,
+    /// This rank's pulse socket, when heartbeats are on.
+    pulse: Option<Arc<pulse::Pulse>>,
     /// `HCCN_ALGO` of the process, for every communicator over these links.
     pub algo: crate::collectives::select::AlgoChoice,
     /// HCCN_BOARD_BYTES.
@@ -651,12 +710,23 @@ pub(crate) struct Net {
 }
 
 impl Net {
-    /// Joins the links; with a heartbeat interval, a watchdog thread keeps them alive and
+    /// Joins the links; a watchdog thread tells the peers of this rank's losses and, with a
+    /// heartbeat interval, keeps the links alive (with `pulse`, on a path of their own too) and
     /// declares silent peers failed.
-    pub fn new(rank: u32, links: Vec<Option<Arc<dyn Link>>>, inbox: Arc<Inbox>, cfg: &crate::config::Config) -> Net {
+    pub fn new(
+        rank: u32,
+        links: Vec<Option<Arc<dyn Link>>>,
+        inbox: Arc<Inbox>,
+        pulse: Option<pulse::Pulse>,
+        cfg: &crate::config::Config,
+    ) -> Net {
         let n = links.len();
         let links = Arc::new(LinkTable::new(links));
-        let watchdog = heartbeat::Watchdog::start(links.clone(), inbox.clone(), cfg.heartbeat, cfg.dead_after);
+        let pulse = pulse.filter(|_| !cfg.heartbeat.is_zero()).map(Arc::new);
+        inbox.note_intro(rank, incarnation(), None);
+        links.all().iter().for_each(|(_, l)| introduce(l.as_ref(), pulse.as_deref()));
+        let watchdog =
+            heartbeat::Watchdog::start(links.clone(), inbox.clone(), pulse.clone(), cfg.heartbeat, cfg.dead_after);
         let mut hosts = vec![None; n.max(rank as usize + 1)];
         hosts[rank as usize] = Some(shm::host_id());
         Net {
@@ -668,6 +738,7 @@ impl Net {
             timeout: cfg.timeout,
             graceful: std::sync::atomic::AtomicBool::new(true),
             watchdog,
+            pulse,
             algo: cfg.algo,
             board_bytes: cfg.board_bytes,
             transport: cfg.transport,
@@ -826,6 +897,11 @@ impl Net {
         self.shm.withdraw(dst, index, &self.inbox, self.timeout)
     }
 
+    /// Introduces this rank on a link added after the world formed (a joiner's).
+    pub fn introduce(&self, link: &dyn Link) {
+        introduce(link, self.pulse.as_deref());
+    }
+
     /// Closes the connection to world rank `peer` after it sent something this rank refuses.
     pub fn refuse(&self, peer: u32, reason: &str) {
         self.inbox.mark_failed(peer, Fault::cut(format!("refused: {reason}")));
@@ -840,13 +916,38 @@ impl Net {
     }
 }
 
+/// This process's incarnation: a random id that names it in news to peers (see news.rs).
+pub(crate) fn incarnation() -> u64 {
+    static ID: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *ID.get_or_init(|| {
+        let pid = u64::from(std::process::id());
+        crate::auth::random_bytes::<8>().map_or(pid, |b| u64::from_le_bytes(b) ^ pid)
+    })
+}
+
+/// Tells the peer of `link` who this process is and where its pulses come from.
+fn introduce(link: &dyn Link, pulse: Option<&pulse::Pulse>) {
+    let mut intro = [0u8; 10];
+    intro[0..8].copy_from_slice(&incarnation().to_le_bytes());
+    intro[8..10].copy_from_slice(&pulse.map_or(0, |p| p.port()).to_le_bytes());
+    let hdr = FrameHeader::control(FrameKind::Intro, 0, 0, 0, intro.len());
+    // At link start nothing else is being written: the first try takes it.
+    for _ in 0..1000 {
+        if link.control(&hdr, &intro) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    tracing::warn!("a peer was not told who this rank is: its news about this rank will not be understood");
+}
+
 impl Drop for Net {
     fn drop(&mut self) {
         // Stop watching before the links close, or their closing would look like failures.
         drop(self.watchdog.take());
         // A goodbye carries what this rank lost: the peers learn why it left with it.
         let graceful = self.graceful.load(std::sync::atomic::Ordering::SeqCst);
-        let news = graceful.then(|| news::encode(&self.inbox.losses()));
+        let news = graceful.then(|| news::encode(&self.inbox.by_id(self.inbox.losses())));
         for (_, link) in self.links.all() {
             link.close(news.as_deref());
         }

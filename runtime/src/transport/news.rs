@@ -1,7 +1,9 @@
 //! What ranks tell each other about failures, on the control frames `Suspect` (a rank lost
-//! peers), `Goodbye` (a rank leaves, and says what it knew) and `Evict` (a rank declared the
-//! receiver dead). One encoding for all: a list of faults, each a world rank, whether its
-//! process is surely gone, and why.
+//! peers), `Goodbye` (a rank leaves, and says what it knew), `Evict` (a rank declared the
+//! receiver dead) and `Abandon` (a rank left an operation). One encoding for all: a list of
+//! faults, each a process, whether it is surely gone, and why. Processes are named by their
+//! incarnation ids (see `Intro` frames), not world ranks: a replacement that joined later
+//! numbers the world differently from the ranks that formed it.
 
 /// Why a peer can no longer be reached from this rank.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,8 +30,8 @@ impl Fault {
 pub(crate) const MAX_FAULTS: usize = 4096;
 const MAX_REASON: usize = 240;
 
-/// Encodes `(world rank, fault)` pairs.
-pub(crate) fn encode(faults: &[(u32, Fault)]) -> Vec<u8> {
+/// Encodes `(incarnation, fault)` pairs.
+pub(crate) fn encode(faults: &[(u64, Fault)]) -> Vec<u8> {
     let mut out = Vec::new();
     let faults = &faults[..faults.len().min(MAX_FAULTS)];
     out.extend_from_slice(&(faults.len() as u32).to_le_bytes());
@@ -44,7 +46,7 @@ pub(crate) fn encode(faults: &[(u32, Fault)]) -> Vec<u8> {
 }
 
 /// Decodes what [`encode`] made; `None` for anything malformed.
-pub(crate) fn decode(b: &[u8]) -> Option<Vec<(u32, Fault)>> {
+pub(crate) fn decode(b: &[u8]) -> Option<Vec<(u64, Fault)>> {
     let (n, mut rest) = b.split_first_chunk::<4>()?;
     let n = u32::from_le_bytes(*n) as usize;
     if n > MAX_FAULTS {
@@ -52,13 +54,13 @@ pub(crate) fn decode(b: &[u8]) -> Option<Vec<(u32, Fault)>> {
     }
     let mut faults = Vec::with_capacity(n);
     for _ in 0..n {
-        let (rank, r) = rest.split_first_chunk::<4>()?;
+        let (who, r) = rest.split_first_chunk::<8>()?;
         let (&[sure, len], r) = r.split_first_chunk::<2>()?;
         if sure > 1 {
             return None;
         }
         let reason = std::str::from_utf8(r.get(..len as usize)?).ok()?;
-        faults.push((u32::from_le_bytes(*rank), Fault { reason: reason.to_owned(), sure: sure == 1 }));
+        faults.push((u64::from_le_bytes(*who), Fault { reason: reason.to_owned(), sure: sure == 1 }));
         rest = &r[len as usize..];
     }
     rest.is_empty().then_some(faults)
@@ -70,7 +72,7 @@ pub(crate) struct Abandoned {
     pub kind: crate::error::ErrorKind,
     /// The ranks went separate ways: the communicator cannot run any later operation either.
     pub broken: bool,
-    /// World ranks the error is about.
+    /// World ranks the error is about (incarnations on the wire).
     pub ranks: Vec<u32>,
     pub message: String,
 }
@@ -78,18 +80,21 @@ pub(crate) struct Abandoned {
 /// Longest message an `Abandon` carries.
 const MAX_MESSAGE: usize = 2048;
 
-pub(crate) fn encode_abandon(a: &Abandoned) -> Vec<u8> {
+/// Encodes `a`, naming its ranks by the incarnations `ids` gives.
+pub(crate) fn encode_abandon(a: &Abandoned, ids: &dyn Fn(u32) -> Option<u64>) -> Vec<u8> {
     let mut out = Vec::new();
     out.extend_from_slice(&a.kind.code().to_le_bytes());
     out.push(a.broken as u8);
-    let ranks = &a.ranks[..a.ranks.len().min(MAX_FAULTS)];
-    out.extend_from_slice(&(ranks.len() as u32).to_le_bytes());
-    ranks.iter().for_each(|r| out.extend_from_slice(&r.to_le_bytes()));
+    let who: Vec<u64> = a.ranks.iter().filter_map(|r| ids(*r)).take(MAX_FAULTS).collect();
+    out.extend_from_slice(&(who.len() as u32).to_le_bytes());
+    who.iter().for_each(|w| out.extend_from_slice(&w.to_le_bytes()));
     out.extend_from_slice(encode_text(&a.message, MAX_MESSAGE));
     out
 }
 
-pub(crate) fn decode_abandon(b: &[u8]) -> Option<Abandoned> {
+/// Decodes what [`encode_abandon`] made, naming ranks by `rank_of` an incarnation (unknown
+/// ones are left out).
+pub(crate) fn decode_abandon(b: &[u8], rank_of: &dyn Fn(u64) -> Option<u32>) -> Option<Abandoned> {
     let (code, b) = b.split_first_chunk::<4>()?;
     let kind = crate::error::ErrorKind::from_code(u32::from_le_bytes(*code))?;
     let (&broken, b) = b.split_first()?;
@@ -100,8 +105,8 @@ pub(crate) fn decode_abandon(b: &[u8]) -> Option<Abandoned> {
     }
     let mut ranks = Vec::with_capacity(n);
     for _ in 0..n {
-        let (r, rest) = b.split_first_chunk::<4>()?;
-        ranks.push(u32::from_le_bytes(*r));
+        let (w, rest) = b.split_first_chunk::<8>()?;
+        ranks.extend(rank_of(u64::from_le_bytes(*w)));
         b = rest;
     }
     let message = std::str::from_utf8(b).ok().filter(|m| m.len() <= MAX_MESSAGE)?.to_owned();
@@ -136,7 +141,7 @@ mod tests {
         assert_eq!(decode(&[0xff, 0xff, 0xff, 0xff]), None, "absurd count");
         assert_eq!(decode(&encode(&[])), Some(vec![]));
         let mut bad = encode(&[(1, Fault::sure("x"))]);
-        bad[8] = 2;
+        bad[12] = 2;
         assert_eq!(decode(&bad), None, "a flag that is neither 0 nor 1");
         let long = "x".repeat(1000);
         let back = decode(&encode(&[(1, Fault::cut(long))])).expect("decodes");
@@ -151,11 +156,13 @@ mod tests {
             ranks: vec![1, 3],
             message: "rank 1 called allreduce with 200 elements".into(),
         };
-        let b = encode_abandon(&a);
-        assert_eq!(decode_abandon(&b), Some(a));
-        assert_eq!(decode_abandon(&b[..8]), None);
+        let ids = |r: u32| Some(u64::from(r) + 100);
+        let ranks = |w: u64| w.checked_sub(100).map(|r| r as u32);
+        let b = encode_abandon(&a, &ids);
+        assert_eq!(decode_abandon(&b, &ranks), Some(a));
+        assert_eq!(decode_abandon(&b[..8], &ranks), None);
         let mut bad = b.clone();
         bad[0] = 200;
-        assert_eq!(decode_abandon(&bad), None, "an unknown result code");
+        assert_eq!(decode_abandon(&bad, &ranks), None, "an unknown result code");
     }
 }

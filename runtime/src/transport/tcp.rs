@@ -498,7 +498,12 @@ fn reader_loop(sock: TcpStream, r: Reader) {
         };
         let control = matches!(
             hdr.kind,
-            FrameKind::Goodbye | FrameKind::Suspect | FrameKind::Evict | FrameKind::Abandon | FrameKind::Revoke
+            FrameKind::Goodbye
+                | FrameKind::Suspect
+                | FrameKind::Evict
+                | FrameKind::Abandon
+                | FrameKind::Revoke
+                | FrameKind::Intro
         );
         match hdr.kind {
             FrameKind::Heartbeat if hdr.len == 0 => continue,
@@ -527,6 +532,15 @@ fn reader_loop(sock: TcpStream, r: Reader) {
                 inbox.mark_departed(peer, news::decode(&payload).unwrap_or_default());
                 return;
             }
+            FrameKind::Intro => match <[u8; 10]>::try_from(&payload[..]) {
+                Ok(b) => {
+                    let id = u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
+                    let port = u16::from_le_bytes([b[8], b[9]]);
+                    let pulse = sock.peer_addr().ok().filter(|_| port != 0).map(|a| SocketAddr::new(a.ip(), port));
+                    inbox.note_intro(peer, id, pulse);
+                }
+                Err(_) => break Fault::cut("refused a malformed intro frame and closed the connection"),
+            },
             FrameKind::Evict => {
                 let why = String::from_utf8_lossy(&payload).into_owned();
                 break Fault::cut(format!("it declared this rank dead ({why}) and closed the connection"));
@@ -786,7 +800,8 @@ pub(crate) fn connect_mesh(
     for (peer, sock) in sockets {
         links[peer as usize] = Some(start_link(sock, peer, &inbox, cfg)?);
     }
-    let mut net = Net::new(rank, links, inbox, cfg);
+    let pulse = super::pulse::Pulse::open(cfg.bind_addr, token);
+    let mut net = Net::new(rank, links, inbox, pulse, cfg);
     net.shm = shm::Shm::new(rank, local);
     net.hosts = hosts;
     Ok(net)
