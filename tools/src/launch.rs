@@ -729,8 +729,20 @@ pub fn run(o: &Options) -> Result<i32, String> {
             break;
         }
     }
-    let code = job.monitor(o, &env, started);
+    let mut code = job.monitor(o, &env, started);
     job.drain();
+    // A rank that its world left behind (a frozen rank that woke after the others went on, the
+    // small side of a partition) says so in the store: the job did not end well, whatever
+    // that rank's exit code.
+    if let Some(Hosted::Embedded(store)) = &hosted {
+        for (key, why) in store.find("/excluded/") {
+            let rank = key.rsplit('/').next().unwrap_or("?");
+            say(format_args!("rank {rank} was left out of its world: {}", String::from_utf8_lossy(&why)));
+            if code == 0 {
+                code = 1;
+            }
+        }
+    }
     // A store that outlives the job keeps its keys until someone removes them: after a clean
     // end, this host's hccnrun does (one of them is enough).
     if code == 0 && o.node_rank == 0 && keeps_keys {

@@ -47,16 +47,22 @@ fn publish(weak: Weak<CommInner>, origin: Arc<Origin>) {
     let prefix = watch_prefix(&origin, c.epoch, c.id);
     drop(c);
     let ttl = origin.cfg.lease_ttl.as_secs();
+    let dead_after = origin.cfg.dead_after;
     let on_gone = Box::new(move |name: &str| {
         let (Ok(r), Some(net)) = (name.parse::<u32>(), net.upgrade()) else { return };
-        match members.get(r as usize) {
-            Some(&world) if r != rank => net.inbox.mark_failed(
+        let Some(&world) = members.get(r as usize).filter(|_| r != rank) else { return };
+        // The store is not in the data path: a lease that expires while the rank is heard on
+        // its link (the store was out of reach, say) fails nobody.
+        match net.silent_for(world) {
+            Some(silent) if silent <= dead_after => {
+                tracing::info!(rank = r, "its membership lease expired, but it is alive on its link: ignored")
+            }
+            _ => net.inbox.mark_failed(
                 world,
                 crate::transport::Fault::cut(format!(
-                    "its membership lease in the store expired (process dead or frozen for {ttl} s)"
+                    "its membership lease in the store expired and its link is silent (dead or frozen for {ttl} s)"
                 )),
             ),
-            _ => {}
         }
     });
     let key = format!("{prefix}{rank}");

@@ -211,6 +211,20 @@ impl StoreServer {
     pub fn contains(&self, key: &str) -> bool {
         self.shared.data.lock().contains_key(key)
     }
+
+    /// The keys holding `part`, with their values (for the process that hosts the store).
+    pub fn find(&self, part: &str) -> Vec<(String, Vec<u8>)> {
+        let mut found: Vec<(String, Vec<u8>)> = self
+            .shared
+            .data
+            .lock()
+            .iter()
+            .filter(|(k, _)| k.contains(part))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        found.sort();
+        found
+    }
 }
 
 impl Drop for StoreServer {

@@ -897,6 +897,14 @@ impl Net {
         self.shm.withdraw(dst, index, &self.inbox, self.timeout)
     }
 
+    /// How long world rank `peer` has been silent (nothing on its link, no pulse); `None`
+    /// without a link to it.
+    pub fn silent_for(&self, peer: u32) -> Option<Duration> {
+        let link = self.links.get(peer)?.silent_for();
+        let pulse = self.pulse.as_ref().and_then(|p| p.silent_for(peer));
+        Some(pulse.map_or(link, |p| p.min(link)))
+    }
+
     /// Introduces this rank on a link added after the world formed (a joiner's).
     pub fn introduce(&self, link: &dyn Link) {
         introduce(link, self.pulse.as_deref());
