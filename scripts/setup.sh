@@ -11,6 +11,8 @@ command -v make >/dev/null 2>&1 || need_apt+=(make)
 command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+# The network-fault tests cut links between namespace hosts with nftables drops.
+command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
 command -v ps >/dev/null 2>&1 || need_apt+=(procps)
 command -v cargo >/dev/null 2>&1 || need_apt+=(cargo rustc)
 # etcd-client's build generates its gRPC code with protoc; the tests run a real etcd.

@@ -7,6 +7,7 @@ pub mod fixture;
 pub mod framework;
 pub mod launch;
 pub mod matrix;
+pub mod netlab;
 pub mod scratch;
 pub mod threads;
 

@@ -117,6 +117,12 @@ fn sweep_stale_dirs(tmp: &Path) {
 }
 
 impl LocalEtcd {
+    /// The process group of the first member (its guardian and etcd): signal it to freeze the
+    /// store (benches do).
+    pub fn process_group(&self) -> Option<i32> {
+        self.members.first()?.guardian.as_ref().map(|g| g.id() as i32)
+    }
+
     pub fn start() -> Result<LocalEtcd, String> {
         LocalEtcd::cluster(1)
     }
