@@ -117,3 +117,30 @@ fn segments() -> Vec<String> {
         .filter(|n| n.starts_with("hccn-"))
         .collect()
 }
+
+#[test]
+fn shared_memory_left_by_a_killed_set_up_is_swept_by_the_next_job() {
+    // A process killed between creating a segment (or board) and unlinking it leaves the file:
+    // files named as hccn's, of a creator that is gone, older than any set-up in progress.
+    let dead = std::process::Command::new("true").spawn().and_then(|mut c| c.wait().map(|_| c.id())).expect("true");
+    let old = std::time::SystemTime::now() - Duration::from_secs(600);
+    let names = [format!("hccn-00000000deadbeef-{dead}-0-1"), format!("hccn-board-{dead}-00000000deadbeef-0-0000beef")];
+    for name in &names {
+        let f = std::fs::File::create(format!("/dev/shm/{name}")).expect("a file in /dev/shm");
+        f.set_modified(old).expect("mtime");
+    }
+    let out =
+        launch::hccnrun(2, &launch::bin("hccn-perf"), &["-b", "8", "-e", "8", "-n", "2"], &[], Duration::from_secs(60));
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    for name in &names {
+        assert!(!std::path::Path::new(&format!("/dev/shm/{name}")).exists(), "{name} is still in /dev/shm");
+    }
+    // And the job itself leaves nothing of its own.
+    let left: Vec<String> = std::fs::read_dir("/dev/shm")
+        .expect("/dev/shm")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("hccn-") && n.contains("deadbeef"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

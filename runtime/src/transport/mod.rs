@@ -19,6 +19,7 @@ mod placement;
 pub(crate) mod pool;
 pub(crate) mod pulse;
 pub(crate) mod shm;
+mod sweep;
 pub(crate) mod tcp;
 mod waker;
 

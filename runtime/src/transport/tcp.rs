@@ -683,10 +683,12 @@ pub(crate) fn accept_peers(
             Ok(c) => c,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if Instant::now() >= deadline {
+                    let missing: Vec<u32> = from_ranks.clone().filter(|r| !got.iter().any(|(g, _)| g == r)).collect();
                     return Err(Error::timeout(format!(
-                        "only {} of the {want} expected ranks connected within {} ms",
+                        "ranks {missing:?} never connected within {} ms (only {} of the {want} expected did); \
+                         did they start, and reach this address?",
+                        cfg.timeout.as_millis(),
                         got.len(),
-                        cfg.timeout.as_millis()
                     )));
                 }
                 std::thread::sleep(Duration::from_millis(2));
@@ -756,6 +758,7 @@ pub(crate) fn connect_mesh(
     cfg: &Config,
 ) -> Result<Net> {
     let _span = tracing::debug_span!("mesh", rank, size).entered();
+    super::sweep::once();
     let inbox = Arc::new(Inbox::default());
     let listener = TcpListener::bind((cfg.bind_addr, 0))
         .map_err(|e| Error::io(ErrorKind::System, format!("listen on {}", cfg.bind_addr), &e))?;
