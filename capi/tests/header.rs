@@ -50,3 +50,24 @@ fn header_declares_the_contract() {
         assert!(h.contains(needle), "header lacks {needle:?}");
     }
 }
+
+#[test]
+fn the_python_result_codes_are_the_runtime_table() {
+    // bindings/python/hccn/_raw.py keeps its own enum (it loads the library with ctypes): every
+    // code of the one table must be there with its number, and nothing else.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let py = std::fs::read_to_string(root.join("bindings/python/hccn/_raw.py")).expect("_raw.py");
+    let body = py.split("class Result(").nth(1).expect("a Result enum in _raw.py");
+    let body = body.split("\nclass ").next().unwrap_or(body);
+    let mut found: Vec<(String, u32)> = body
+        .lines()
+        .filter_map(|l| {
+            let (name, value) = l.trim().split_once(" = ")?;
+            Some((format!("HCCN_{name}"), value.trim().parse().ok()?))
+        })
+        .collect();
+    found.sort_by_key(|(_, v)| *v);
+    let want: Vec<(String, u32)> =
+        hccn_runtime::error::RESULT_CODES.iter().map(|(_, name, code, _)| (name.to_string(), *code)).collect();
+    assert_eq!(found, want, "bindings/python/hccn/_raw.py's Result enum must match RESULT_CODES");
+}
