@@ -29,6 +29,11 @@ enum Kind {
         bytes: u64,
         send: bool,
     },
+    /// The link to world rank `world` carried nothing while its pulses still came: a slow
+    /// link, not a dead one (the event spans the slow stretch).
+    Straggler {
+        world: u32,
+    },
 }
 
 /// The arguments of an operation event.
@@ -151,6 +156,17 @@ pub(crate) fn transfer(start: Start, world_rank: u32, peer: u32, world: u32, byt
     push(start, world_rank, Kind::Transfer { peer, world, bytes, send });
 }
 
+/// Records that the link to world rank `world` was slow (nothing on it, pulses still coming)
+/// from `start` until now.
+pub(crate) fn straggler(start: Start, world_rank: u32, world: u32) {
+    push(start, world_rank, Kind::Straggler { world });
+}
+
+/// When a slow stretch began, given how long ago.
+pub(crate) fn started_ago(ago: std::time::Duration) -> Start {
+    Start(recorder().and_then(|_| Instant::now().checked_sub(ago)))
+}
+
 /// Writes this process's trace file now (all events so far, replacing an earlier flush). Does
 /// nothing when tracing is off or nothing was recorded. Errors go to the log: a trace must never
 /// fail the program.
@@ -230,6 +246,7 @@ fn render_event(out: &mut String, e: &Event, rank: u32) {
             let dir = if *send { "send" } else { "recv" };
             (dir, "transfer", format!("\"peer\":{peer},\"peer_world\":{world},\"bytes\":{bytes},\"dir\":\"{dir}\""))
         }
+        Kind::Straggler { world } => ("straggler link", "link", format!("\"peer_world\":{world}")),
     };
     out.push_str(&format!(
         "{{\"name\":{},\"cat\":\"{cat}\",\"ph\":\"X\",\"ts\":{},\"dur\":{},\"pid\":{rank},\"tid\":{},\"args\":{{{args}}}}}",

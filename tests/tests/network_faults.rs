@@ -78,14 +78,27 @@ const ENV: &[(&str, &str)] = &[("HCCN_TIMEOUT_MS", "8000")];
 fn a_slow_link_is_slow_not_dead() {
     let mut lab = Lab::new("s", 2);
     let store = lab.start_etcd();
+    let trace = std::env::temp_dir().join(format!("hccn-netlab-slow-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&trace);
+    let dir = trace.to_string_lossy().into_owned();
+    let env = [ENV, &[("HCCN_TRACE", dir.as_str())]].concat();
     // Host 1's sending side held to 4 Mbit/s while both hosts' ranks push 1 MiB allreduces.
-    let outs = lab.run(&store, 2, &workload(), &["12"], ENV, || {
+    let outs = lab.run(&store, 2, &workload(), &["12"], &env, || {
         std::thread::sleep(Duration::from_secs(2));
         lab.slow(1, "4mbit");
         std::thread::sleep(Duration::from_secs(7));
         lab.unslow(1);
     });
+    let summary = std::process::Command::new(hccn_tests::launch::bin("hccn-trace"))
+        .arg(&trace)
+        .arg("--summary")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&trace);
     no_errors(&outs, 4);
+    // It shows as slow: straggler links from host 1's ranks in the trace summary.
+    assert!(summary.contains("# straggler links"), "no straggler link in\n{summary}\n{}", describe(&outs));
 }
 
 #[test]

@@ -31,6 +31,7 @@ const RETRY: Duration = Duration::from_millis(5);
 impl Watchdog {
     /// `every` zero turns heartbeats, pulses and silence detection off (losses are still told).
     pub fn start(
+        me: u32,
         peers: Arc<LinkTable>,
         inbox: Arc<Inbox>,
         pulse: Option<Arc<Pulse>>,
@@ -43,7 +44,7 @@ impl Watchdog {
         let thread = std::thread::Builder::new()
             .name("hccn-watchdog".into())
             .spawn(move || {
-                let w = Watch { peers: &peers, inbox: &inbox2, pulse: pulse.as_deref(), waker: &waker2 };
+                let w = Watch { peers: &peers, inbox: &inbox2, pulse: pulse.as_deref(), waker: &waker2, me };
                 w.run(every, dead_after, &stop2)
             })
             .map_err(|e| tracing::error!("no watchdog thread: silent peers will only time out: {e}"))
@@ -72,12 +73,45 @@ struct Watch<'a> {
     inbox: &'a Inbox,
     pulse: Option<&'a Pulse>,
     waker: &'a Waker,
+    /// This process's world rank (names its trace file).
+    me: u32,
 }
 
 impl Watch<'_> {
+    /// A link that carries nothing for half of `dead_after` while its pulses keep coming is slow,
+    /// not dead: it is logged once, and traced as a straggler link for as long as it lasts.
+    fn note_slow(
+        &self,
+        slow: &mut std::collections::HashMap<u32, std::time::Instant>,
+        rank: u32,
+        link: Duration,
+        pulse: Option<Duration>,
+        every: Duration,
+        dead_after: Duration,
+    ) {
+        let is_slow = link > dead_after / 2 && pulse.is_some_and(|p| p <= 3 * every);
+        match (is_slow, slow.get(&rank).copied()) {
+            (true, None) => {
+                tracing::warn!(
+                    peer = rank,
+                    "slow link: nothing on it for {} ms while its pulses come",
+                    link.as_millis()
+                );
+                slow.insert(rank, std::time::Instant::now().checked_sub(link).unwrap_or_else(std::time::Instant::now));
+            }
+            (false, Some(since)) => {
+                slow.remove(&rank);
+                crate::trace::straggler(crate::trace::started_ago(since.elapsed()), self.me, rank);
+            }
+            _ => {}
+        }
+    }
+
     fn run(&self, every: Duration, dead_after: Duration, stop: &AtomicBool) {
         let (peers, inbox) = (self.peers, self.inbox);
         let mut declared = HashSet::new();
+        // Links found slow (nothing on them while their pulses come), since when.
+        let mut slow: std::collections::HashMap<u32, std::time::Instant> = std::collections::HashMap::new();
         // Suspect notices each link still has to take.
         let mut pending: Vec<(u32, Vec<u8>)> = Vec::new();
         let mut next_beat = std::time::Instant::now();
@@ -113,6 +147,7 @@ impl Watch<'_> {
                     // The link or its pulses: whichever was heard last.
                     let pulse = self.pulse.and_then(|p| p.silent_for(rank));
                     let silent = pulse.map_or(link.silent_for(), |p| p.min(link.silent_for()));
+                    self.note_slow(&mut slow, rank, link.silent_for(), pulse, every, dead_after);
                     // Bytes waiting in the socket mean the peer spoke and our reader is merely
                     // behind (a starved thread on a loaded machine), not that the peer is gone.
                     if silent > dead_after && !link.has_unread() {

@@ -726,8 +726,14 @@ impl Net {
         let pulse = pulse.filter(|_| !cfg.heartbeat.is_zero()).map(Arc::new);
         inbox.note_intro(rank, incarnation(), None);
         links.all().iter().for_each(|(_, l)| introduce(l.as_ref(), pulse.as_deref()));
-        let watchdog =
-            heartbeat::Watchdog::start(links.clone(), inbox.clone(), pulse.clone(), cfg.heartbeat, cfg.dead_after);
+        let watchdog = heartbeat::Watchdog::start(
+            rank,
+            links.clone(),
+            inbox.clone(),
+            pulse.clone(),
+            cfg.heartbeat,
+            cfg.dead_after,
+        );
         let mut hosts = vec![None; n.max(rank as usize + 1)];
         hosts[rank as usize] = Some(shm::host_id());
         Net {

@@ -450,9 +450,41 @@ const ASIDE_NAP: Duration = Duration::from_millis(20);
 #[cfg(test)]
 const ASIDE_NAP: Duration = Duration::from_secs(30);
 
+/// Large frames that crawl in: a slow link, shown as a straggler link in the trace and logged
+/// once (`HCCN_LOG=warn`), never counted as a failure while its bytes keep coming.
+#[derive(Default)]
+struct Crawl {
+    warned: bool,
+    /// When the last straggler event was traced: at most one a second.
+    last: Option<Instant>,
+}
+
+/// A frame slower than this, of at least `CRAWL_BYTES`, is a straggler.
+const CRAWL_RATE: f64 = 50e6;
+const CRAWL_BYTES: usize = 64 << 10;
+
+impl Crawl {
+    fn frame(&mut self, inbox: &Inbox, peer: u32, len: usize, began: Instant) {
+        let took = began.elapsed();
+        if len < CRAWL_BYTES || (len as f64) >= CRAWL_RATE * took.as_secs_f64() {
+            return;
+        }
+        if !std::mem::replace(&mut self.warned, true) {
+            let rate = len as f64 / took.as_secs_f64() / 1e6;
+            tracing::warn!(peer, "slow link: a frame of {len} bytes took {} ms ({rate:.1} MB/s)", took.as_millis());
+        }
+        if self.last.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+            self.last = Some(Instant::now());
+            let me = inbox.rank_of(super::incarnation()).unwrap_or(0);
+            crate::trace::straggler(crate::trace::started_ago(took), me, peer);
+        }
+    }
+}
+
 fn reader_loop(sock: TcpStream, r: Reader) {
     let Reader { peer, inbox, closing, heard, reading, polled, skip } = r;
     let fd = sock.as_raw_fd();
+    let mut slow = Crawl::default();
     // Whether the last frame carried data: only then is another likely to follow soon.
     let mut in_traffic = false;
     let reason = loop {
@@ -521,7 +553,10 @@ fn reader_loop(sock: TcpStream, r: Reader) {
         }
         let len = hdr.len as usize;
         let mut payload = super::pool::take(len);
-        if let Err(e) = read_payload(fd, &mut payload, len, Some(&heard)) {
+        let began = Instant::now();
+        let read = read_payload(fd, &mut payload, len, Some(&heard));
+        slow.frame(&inbox, peer, len, began);
+        if let Err(e) = read {
             let mut fault = lost(&e);
             fault.reason = format!("inside a frame: {}", fault.reason);
             break fault;

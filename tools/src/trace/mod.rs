@@ -96,6 +96,20 @@ pub fn summary(trace: &Trace, top: usize) -> Vec<String> {
     for (b, s, d) in links.into_iter().take(top) {
         out.push(format!("{:<22} {b:>16} {:>12}", format!("{s} -> {d}"), plot::human(b)));
     }
+    // Links that carried bytes slowly while their peers were alive: slow, not dead.
+    let mut slow: BTreeMap<(u32, u32), (u32, f64)> = BTreeMap::new();
+    for s in &trace.stragglers {
+        let e = slow.entry((s.from, s.at)).or_default();
+        e.0 += 1;
+        e.1 += s.us;
+    }
+    if !slow.is_empty() {
+        out.push(format!("# straggler links ({}): slow stretches seen by the receiving rank", slow.len()));
+        out.push(format!("{:<22} {:>10} {:>12}", "link", "stretches", "slow_ms"));
+        for ((from, at), (n, us)) in slow {
+            out.push(format!("{:<22} {n:>10} {:>12.1}", format!("{from} -> {at}"), us / 1000.0));
+        }
+    }
     out
 }
 

@@ -24,10 +24,19 @@ pub struct Send {
     pub us: f64,
 }
 
+/// A slow stretch of a link as its receiving rank saw it: bytes crawled in from `from`.
+#[derive(Debug, Clone, Copy)]
+pub struct Straggler {
+    pub from: u32,
+    pub at: u32,
+    pub us: f64,
+}
+
 #[derive(Debug, Default)]
 pub struct Trace {
     pub ops: Vec<OpSpan>,
     pub sends: Vec<Send>,
+    pub stragglers: Vec<Straggler>,
     /// One more than the highest rank seen (a file's own or a peer's).
     pub ranks: u32,
     pub files: usize,
@@ -89,19 +98,23 @@ impl Trace {
         self.files += 1;
         for e in events {
             let args = field(e, "args", file)?;
-            let bytes = number(args, "bytes", file)? as u64;
             match e["cat"].as_str() {
                 Some("op") => self.ops.push(OpSpan {
                     rank,
                     name: field(e, "name", file)?.as_str().unwrap_or("?").to_owned(),
-                    bytes,
+                    bytes: number(args, "bytes", file)? as u64,
                     start_us: origin + number(e, "ts", file)?,
                     dur_us: number(e, "dur", file)?,
                 }),
                 Some("transfer") if args["dir"] == "send" => {
                     let dst = rank_of(number(args, "peer_world", file)?, "peer_world", file)?;
                     self.ranks = self.ranks.max(dst + 1);
+                    let bytes = number(args, "bytes", file)? as u64;
                     self.sends.push(Send { src: rank, dst, bytes, us: number(e, "dur", file)? });
+                }
+                Some("link") => {
+                    let from = rank_of(number(args, "peer_world", file)?, "peer_world", file)?;
+                    self.stragglers.push(Straggler { from, at: rank, us: number(e, "dur", file)? });
                 }
                 _ => {}
             }
