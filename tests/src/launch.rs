@@ -90,23 +90,61 @@ pub fn expect_grown(out: &Outcome) {
 }
 
 /// Runs `cmd` in its own process group with a hard timeout.
-pub fn run(mut cmd: Command, timeout: Duration) -> Outcome {
+pub fn run(cmd: Command, timeout: Duration) -> Outcome {
+    run_watching(cmd, timeout, |_| {})
+}
+
+/// What a running job has printed so far (see [`run_watching`]).
+#[derive(Debug, Clone, Default)]
+pub struct Progress(std::sync::Arc<std::sync::Mutex<String>>);
+
+impl Progress {
+    pub fn stdout(&self) -> String {
+        self.0.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Waits up to `limit` for a line for which `want` holds; returns it.
+    pub fn wait_line(&self, limit: Duration, want: impl Fn(&str) -> bool) -> Option<String> {
+        let end = Instant::now() + limit;
+        loop {
+            if let Some(l) = self.stdout().lines().find(|l| want(l)) {
+                return Some(l.to_owned());
+            }
+            if Instant::now() >= end {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// [`run`], calling `meanwhile` (on this thread) with the job's output as it comes.
+pub fn run_watching(mut cmd: Command, timeout: Duration, meanwhile: impl FnOnce(&Progress)) -> Outcome {
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null()).process_group(0);
     let start = Instant::now();
     let mut child = cmd.spawn().expect("spawn");
     let pgid = child.id() as i32;
     let mut out = child.stdout.take().expect("stdout");
     let mut err = child.stderr.take().expect("stderr");
+    let progress = Progress::default();
+    let shared = progress.clone();
     let t_out = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
+        let mut buf = [0u8; 8192];
+        while let Ok(n) = out.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            if let Ok(mut s) = shared.0.lock() {
+                s.push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        }
     });
     let t_err = std::thread::spawn(move || {
         let mut s = String::new();
         let _ = err.read_to_string(&mut s);
         s
     });
+    meanwhile(&progress);
     let code = loop {
         match child.try_wait().expect("wait") {
             Some(st) => {
@@ -129,12 +167,8 @@ pub fn run(mut cmd: Command, timeout: Duration) -> Outcome {
     // also ends anything else left in the launcher's group.
     // SAFETY: as above.
     unsafe { libc::killpg(pgid, libc::SIGKILL) };
-    Outcome {
-        code,
-        stdout: t_out.join().unwrap_or_default(),
-        stderr: t_err.join().unwrap_or_default(),
-        elapsed: start.elapsed(),
-    }
+    let _ = t_out.join();
+    Outcome { code, stdout: progress.stdout(), stderr: t_err.join().unwrap_or_default(), elapsed: start.elapsed() }
 }
 
 /// Checks a `hccn-faults shrink VICTIMS` run of `n` ranks: every survivor reports its dense new
