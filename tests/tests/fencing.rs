@@ -62,7 +62,9 @@ fn expect(out: &Outcome, kept: &[u32], out_ranks: &[u32]) {
 fn frozen_member_wakes_up_left_out(extra: &[&str]) -> Outcome {
     let out = job(extra, |p| {
         let victim = pid(p, 2);
-        (0..4).for_each(|r| drop(pid(p, r)));
+        (0..4).for_each(|r| {
+            pid(p, r);
+        });
         std::thread::sleep(Duration::from_millis(800));
         signal(victim, libc::SIGSTOP);
         std::thread::sleep(Duration::from_secs(3));
@@ -88,7 +90,9 @@ fn a_frozen_member_wakes_up_left_out_on_etcd() {
 fn frozen_coordinator_wakes_up_left_out(extra: &[&str]) {
     let out = job(extra, |p| {
         let (coordinator, victim) = (pid(p, 0), pid(p, 3));
-        (1..3).for_each(|r| drop(pid(p, r)));
+        (1..3).for_each(|r| {
+            pid(p, r);
+        });
         std::thread::sleep(Duration::from_millis(800));
         // Rank 3 dies; rank 0, the shrink's coordinator, freezes as the shrink begins.
         signal(victim, libc::SIGKILL);
