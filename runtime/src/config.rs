@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use crate::collectives::select::{AlgoChoice, LinkCost, LinkCosts, TransportKind};
+use crate::tuning::{AlgoChoice, LinkCost, LinkCosts, TransportKind, LINK_ALPHA_US, LINK_GBPS};
 use crate::error::{Error, Result};
 use crate::rendezvous::{EtcdAccess, StoreAddr};
 
@@ -48,24 +48,6 @@ pub const VARIABLES: &[Variable] = &[
     Variable { name: "HCCN_DEVICE_ID", default: "`HCCN_LOCAL_RANK`", meaning: "NPU that this process binds with `aclrtSetDevice` (`HCCN_BACKEND=hccl`); else the local rank, else 0." },
     Variable { name: "HCCN_LIB", default: "(in the package)", meaning: "Path of a `libhccn.so` for the Python package `hccn` to load instead of its own `hccn/lib/libhccn.so.1` (read by bindings/python only)." },
 ];
-
-/// Default link and kernel costs of the algorithm selection's model (`collectives::select`),
-/// measured on the 2-core development machine: per-message latency in µs and bandwidth in GB/s.
-/// TCP over loopback pays a blocked receiver's wake-up (~50 µs) per message.
-pub const TCP_ALPHA_US: f64 = 50.0;
-pub const TCP_GBPS: f64 = 2.5;
-/// Shared memory between ranks of one host (spinning flags, one copy).
-pub const SHM_ALPHA_US: f64 = 1.0;
-pub const SHM_GBPS: f64 = 8.0;
-/// A rank's frames to itself.
-pub const LOCAL_ALPHA_US: f64 = 0.5;
-pub const LOCAL_GBPS: f64 = 10.0;
-/// The reduction kernels (f32 sum, out of cache).
-pub const REDUCE_GBPS: f64 = 8.0;
-/// Link figures outside these ranges are a mistake (a unit, a measurement disturbed by load):
-/// HCCN_LINK_COST refuses them and a measurement falls back to the built-in figures.
-pub const LINK_ALPHA_US: std::ops::RangeInclusive<f64> = 0.05..=10_000.0;
-pub const LINK_GBPS: std::ops::RangeInclusive<f64> = 0.05..=200.0;
 
 /// Largest frame payload a peer may send; any larger header closes the connection.
 pub const MAX_CHUNK_BYTES: usize = 8 << 20;
@@ -241,7 +223,7 @@ impl Default for Config {
             transport: Transport::Auto,
             link_cost: LinkCostSource::Measure,
             cma: true,
-            board_bytes: crate::transport::board::BOARD_BYTES,
+            board_bytes: crate::tuning::BOARD_BYTES,
             etcd: EtcdAccess::default(),
         }
     }
@@ -343,7 +325,7 @@ impl Config {
         }
         if let Some(v) = get("HCCN_BOARD_BYTES") {
             let b: usize = parse("HCCN_BOARD_BYTES", &v, "a byte count")?;
-            let max = crate::transport::board::BOARD_BYTES;
+            let max = crate::tuning::BOARD_BYTES;
             if b > max {
                 return Err(Error::invalid(format!("HCCN_BOARD_BYTES={b} is above {max}")));
             }

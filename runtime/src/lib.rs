@@ -17,6 +17,7 @@ pub mod rendezvous;
 pub mod stream;
 pub mod trace;
 mod transport;
+pub mod tuning;
 pub mod types;
 pub mod wire;
 

@@ -143,21 +143,18 @@ impl<'a> Ctx<'a> {
 
     /// The algorithm HCCN_ALGO forces, or `Auto`.
     pub fn forced_algo(&self) -> super::select::AlgoChoice {
-        self.comm.net.algo
+        self.comm.tuning.algo
     }
 
     /// How ranks of one host reach each other (HCCN_TRANSPORT, the same in every process of a
     /// job), for the cost model.
     pub fn intra_kind(&self) -> super::select::TransportKind {
-        match self.comm.net.transport {
-            crate::config::Transport::Tcp => super::select::TransportKind::Tcp,
-            crate::config::Transport::Auto | crate::config::Transport::Shm => super::select::TransportKind::Shm,
-        }
+        self.comm.tuning.intra
     }
 
     /// The link figures the world agreed on at creation (see `transport::linkcost`).
     pub fn link_costs(&self) -> super::select::LinkCosts {
-        self.comm.net.costs
+        self.comm.tuning.costs
     }
 
     /// A `tracing` span for the operation this context runs (HCCN_LOG=hccn_runtime=debug).

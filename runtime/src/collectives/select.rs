@@ -5,10 +5,10 @@
 //! the reduction's cost γ per byte, the host layout) and the buffer size. The cheapest applicable
 //! candidate runs, unless `HCCN_ALGO` forces one; the model also picks the pipeline chunk.
 //!
-//! α and β per transport kind are the world's [`LinkCosts`]: measured once by world rank 0 when
-//! the world forms and sent to every rank (`transport::linkcost`), or set by `HCCN_LINK_COST`,
+//! α and β per transport kind are the world's `LinkCosts`: measured once by world rank 0 when
+//! the world forms and sent to every rank (`comm::linkcost`), or set by `HCCN_LINK_COST`,
 //! so that every rank builds the same model; sub-communicators, shrinks and rebuilds keep their
-//! world's figures. A new transport adds a [`TransportKind`] with its built-in [`LinkCost`]; a
+//! world's figures (`tuning.rs`). A new transport adds a `TransportKind` with its built-in `LinkCost`; a
 //! new algorithm adds a candidate whose cost function returns `None` where it cannot run.
 
 use super::dissemination::Dissemination;
@@ -19,166 +19,9 @@ use super::ring::Ring;
 use super::ring_compressed::CompressedRing;
 use super::tree::BinomialTree;
 use super::{Algorithm, Ctx, Ptr, Work};
-use crate::config;
+pub use crate::tuning::{AlgoChoice, LinkCost, LinkCosts, TransportKind};
 use crate::error::{Error, Result};
 use crate::types::{DataType, ReduceOp};
-
-/// An algorithm a user can ask for (`HCCN_ALGO`, `hccn-perf --algo`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum AlgoChoice {
-    /// The cost model decides per operation.
-    #[default]
-    Auto,
-    Ring,
-    /// Recursive halving-doubling (Rabenseifner). Its small-buffer variant, recursive doubling
-    /// (`rd`), is the model's choice only.
-    Rhd,
-    Tree,
-    /// Hierarchical: intra-host reduce-scatter, inter-host allreduce, intra-host allgather.
-    Hier,
-}
-
-impl AlgoChoice {
-    pub const ALL: [AlgoChoice; 5] =
-        [AlgoChoice::Auto, AlgoChoice::Ring, AlgoChoice::Rhd, AlgoChoice::Tree, AlgoChoice::Hier];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            AlgoChoice::Auto => "auto",
-            AlgoChoice::Ring => "ring",
-            AlgoChoice::Rhd => "rhd",
-            AlgoChoice::Tree => "tree",
-            AlgoChoice::Hier => "hier",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<AlgoChoice> {
-        let name = name.trim().to_ascii_lowercase();
-        AlgoChoice::ALL.into_iter().find(|a| a.name() == name)
-    }
-
-    pub fn names() -> Vec<&'static str> {
-        AlgoChoice::ALL.iter().map(|a| a.name()).collect()
-    }
-}
-
-/// How a rank reaches a peer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TransportKind {
-    /// The rank itself (through its own inbox).
-    Local,
-    Tcp,
-    /// Shared memory between ranks of one host.
-    Shm,
-}
-
-/// The cost of one link: `alpha` seconds per message, `beta` seconds per byte.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LinkCost {
-    pub alpha: f64,
-    pub beta: f64,
-}
-
-impl LinkCost {
-    /// A link of `alpha_us` µs per message and `gbps` GB/s.
-    pub fn new(alpha_us: f64, gbps: f64) -> LinkCost {
-        LinkCost { alpha: alpha_us * 1e-6, beta: 1.0 / (gbps * 1e9) }
-    }
-
-    pub fn alpha_us(self) -> f64 {
-        self.alpha * 1e6
-    }
-
-    pub fn gbps(self) -> f64 {
-        1e-9 / self.beta
-    }
-
-    /// Seconds to move one message of `bytes`.
-    fn msg(self, bytes: f64) -> f64 {
-        self.alpha + bytes * self.beta
-    }
-
-    /// The worse of two links in latency and in bandwidth, each.
-    fn worst(self, o: LinkCost) -> LinkCost {
-        LinkCost { alpha: self.alpha.max(o.alpha), beta: self.beta.max(o.beta) }
-    }
-}
-
-impl TransportKind {
-    pub const ALL: [TransportKind; 3] = [TransportKind::Local, TransportKind::Shm, TransportKind::Tcp];
-
-    /// Built-in cost (config.rs), measured on the 2-core development machine.
-    pub fn default_cost(self) -> LinkCost {
-        match self {
-            TransportKind::Local => LinkCost::new(config::LOCAL_ALPHA_US, config::LOCAL_GBPS),
-            TransportKind::Tcp => LinkCost::new(config::TCP_ALPHA_US, config::TCP_GBPS),
-            TransportKind::Shm => LinkCost::new(config::SHM_ALPHA_US, config::SHM_GBPS),
-        }
-    }
-
-    /// The name HCCN_LINK_COST uses.
-    pub fn name(self) -> &'static str {
-        match self {
-            TransportKind::Local => "local",
-            TransportKind::Tcp => "tcp",
-            TransportKind::Shm => "shm",
-        }
-    }
-}
-
-/// The cost of every transport kind, as the cost model of a world's communicators sees them.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LinkCosts {
-    pub local: LinkCost,
-    pub shm: LinkCost,
-    pub tcp: LinkCost,
-    /// World rank 0's host runs more ranks than it has cores (reported by hccn-perf and the
-    /// agreement's log line; linkcost.rs measures a slow shared-memory α again only where not).
-    /// The model itself does not use it: what once made the ring slow there (a receiver's
-    /// single-copy read while its sender waits) is left out by the transport instead.
-    pub shared_cores: bool,
-}
-
-impl LinkCosts {
-    /// The built-in figures of config.rs.
-    pub fn builtin() -> LinkCosts {
-        LinkCosts {
-            local: TransportKind::Local.default_cost(),
-            shm: TransportKind::Shm.default_cost(),
-            tcp: TransportKind::Tcp.default_cost(),
-            shared_cores: false,
-        }
-    }
-
-    pub fn get(&self, kind: TransportKind) -> LinkCost {
-        match kind {
-            TransportKind::Local => self.local,
-            TransportKind::Shm => self.shm,
-            TransportKind::Tcp => self.tcp,
-        }
-    }
-
-    pub fn set(&mut self, kind: TransportKind, cost: LinkCost) {
-        match kind {
-            TransportKind::Local => self.local = cost,
-            TransportKind::Shm => self.shm = cost,
-            TransportKind::Tcp => self.tcp = cost,
-        }
-    }
-}
-
-/// In HCCN_LINK_COST's syntax (`local=0.500us:10.000GB/s,shm=...,tcp=...`), so that a logged
-/// value can be pasted into the variable.
-impl std::fmt::Display for LinkCosts {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for (i, kind) in TransportKind::ALL.into_iter().enumerate() {
-            let c = self.get(kind);
-            let sep = if i == 0 { "" } else { "," };
-            write!(f, "{sep}{}={:.3}us:{:.3}GB/s", kind.name(), c.alpha_us(), c.gbps())?;
-        }
-        Ok(())
-    }
-}
 
 /// What the cost functions know about a communicator.
 #[derive(Debug, Clone, PartialEq)]
@@ -228,7 +71,7 @@ impl Model {
             min_per_host: n,
             hier: false,
             shm_only: false,
-            gamma: 1.0 / (config::REDUCE_GBPS * 1e9),
+            gamma: 1.0 / (crate::tuning::REDUCE_GBPS * 1e9),
             max_chunk,
             costs: *costs,
         }
@@ -446,7 +289,7 @@ pub const OPS: &[&str] = &[
 /// measured them), with the default chunk; `None` for a name not in [`OPS`]. For tools that
 /// show the choice without a communicator (hccn-info).
 pub fn algorithm_name(op: &str, bytes: usize, size: u32) -> Option<&'static str> {
-    let chunk = config::Config::default().chunk_bytes;
+    let chunk = crate::config::Config::default().chunk_bytes;
     let m = Model::uniform(size.max(1), TransportKind::Tcp, &LinkCosts::builtin(), chunk);
     plan_name(op, bytes, &m, AlgoChoice::Auto).ok().flatten().map(|(a, _)| a)
 }

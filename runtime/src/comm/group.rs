@@ -81,6 +81,6 @@ impl Communicator {
     fn child(&self, id: u64, rank: u32, ranks: &[u32]) -> Communicator {
         let members = ranks.iter().map(|&r| self.inner.members[r as usize]).collect();
         let p = &self.inner;
-        Communicator::from_inner(CommInner::new(p.net.clone(), id, p.epoch, rank, members, p.timeout, p.chunk_bytes))
+        Communicator::from_inner(CommInner::new(p.net.clone(), id, p.epoch, rank, members, p.setup()))
     }
 }

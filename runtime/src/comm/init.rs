@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::rendezvous::{runs, Store, StoreAddr, StoreServer, TcpStore, UniqueId};
-use crate::transport::{linkcost, tcp};
+use crate::transport::tcp;
+use super::linkcost;
 
 /// Stores started by `new_unique_id` in this process. Each is held here until a communicator
 /// made from it takes it over; from then on it lives exactly as long as this process's
@@ -211,12 +212,12 @@ impl Communicator {
     fn bootstrap(store: &dyn Store, origin: Arc<Origin>, rank: u32, size: u32) -> Result<Communicator> {
         let (prefix, cfg) = (&origin.prefix, &origin.cfg);
         let id = derive_id(&[prefix.as_bytes(), &size.to_le_bytes()]);
-        let mut net = tcp::connect_mesh(rank, size, store, prefix, id, &origin.token, cfg)?;
+        let net = tcp::connect_mesh(rank, size, store, prefix, id, &origin.token, cfg)?;
         // Before any communicator exists, so that all of them (sub-communicators, shrinks,
         // rebuilds) see the same figures on every rank.
-        net.costs = linkcost::agree(&net, size, id, cfg)?;
+        let costs = linkcost::agree(&net, size, id, cfg)?;
         let members = (0..size).collect();
-        let inner = CommInner::new(Arc::new(net), id, 0, rank, members, cfg.timeout, cfg.chunk_bytes);
+        let inner = CommInner::new(Arc::new(net), id, 0, rank, members, super::Setup::of(cfg, costs));
         if rank == 0 {
             // Every rank has connected, so every rank checked this key before it exists.
             store.set(&join::formed_key(prefix), b"1")?;

@@ -17,6 +17,7 @@ use crate::collectives::{Op, Ptr};
 use crate::error::{Error, ErrorKind, Result};
 use crate::rendezvous::Store;
 use crate::transport::{tcp, Inbox, Link, Net};
+use crate::tuning::LinkCosts;
 use crate::types::DataType;
 
 pub(crate) fn formed_key(prefix: &str) -> String {
@@ -191,7 +192,7 @@ impl Communicator {
         }
         let pulse = crate::transport::pulse::Pulse::open(cfg.bind_addr, token);
         let net = Arc::new(Net::new(rank, links, inbox, pulse, cfg));
-        let inner = CommInner::new(net, adm.id, adm.epoch, rank, (0..size).collect(), cfg.timeout, cfg.chunk_bytes);
+        let inner = CommInner::new(net, adm.id, adm.epoch, rank, (0..size).collect(), super::Setup::of(cfg, LinkCosts::builtin()));
         tracing::info!(rank, size, epoch = adm.epoch, "joined");
         Ok(Some(Communicator::world(inner, origin)))
     }
@@ -235,7 +236,7 @@ impl Communicator {
             members.push(world);
         }
         tracing::info!(rank, size = adm.size(), epoch, joiners = adm.joiners.len(), "communicator rebuilt");
-        let inner = CommInner::new(c.net.clone(), adm.id, epoch, rank, members, c.timeout, c.chunk_bytes);
+        let inner = CommInner::new(c.net.clone(), adm.id, epoch, rank, members, c.setup());
         Ok(Communicator::world(inner, origin))
     }
 }

@@ -6,6 +6,7 @@ pub mod agree_sim;
 mod group;
 mod init;
 pub(crate) mod join;
+mod linkcost;
 mod membership;
 mod precheck;
 mod shrink;
@@ -17,6 +18,7 @@ mod plan;
 use std::collections::{BTreeMap, HashMap};
 
 use crate::transport::{news, Fault, Health};
+use crate::tuning::{AlgoChoice, TransportKind, Tuning};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -49,6 +51,26 @@ pub(crate) struct Origin {
     pub keep: Mutex<Vec<Box<dyn Send>>>,
 }
 
+/// What a communicator inherits from its world: deadlines, pipeline chunks, tuning.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Setup {
+    pub timeout: Duration,
+    pub chunk_bytes: usize,
+    pub tuning: Tuning,
+}
+
+impl Setup {
+    /// A world's, from the configuration and the link costs it agreed on.
+    pub fn of(cfg: &crate::config::Config, costs: crate::tuning::LinkCosts) -> Setup {
+        let intra = match cfg.transport {
+            crate::config::Transport::Tcp => TransportKind::Tcp,
+            crate::config::Transport::Auto | crate::config::Transport::Shm => TransportKind::Shm,
+        };
+        let tuning = Tuning { algo: cfg.algo, board_bytes: cfg.board_bytes, intra, costs };
+        Setup { timeout: cfg.timeout, chunk_bytes: cfg.chunk_bytes, tuning }
+    }
+}
+
 pub(crate) struct CommInner {
     pub net: Arc<Net>,
     pub id: u64,
@@ -58,6 +80,8 @@ pub(crate) struct CommInner {
     pub members: Vec<u32>,
     pub timeout: Duration,
     pub chunk_bytes: usize,
+    /// The world's tuning (algorithm, board, link costs), alike on every member.
+    pub tuning: Tuning,
     coll_seq: AtomicU64,
     /// Next sequence number of messages to (`.0`) and from (`.1`) each peer.
     p2p_seq: Mutex<(Vec<u64>, Vec<u64>)>,
@@ -131,24 +155,22 @@ pub(crate) fn derive_id(parts: &[&[u8]]) -> u64 {
 }
 
 impl CommInner {
-    fn new(
-        net: Arc<Net>,
-        id: u64,
-        epoch: u64,
-        rank: u32,
-        members: Vec<u32>,
-        timeout: Duration,
-        chunk_bytes: usize,
-    ) -> Self {
+    /// What a communicator made from this one inherits.
+    pub(crate) fn setup(&self) -> Setup {
+        Setup { timeout: self.timeout, chunk_bytes: self.chunk_bytes, tuning: self.tuning }
+    }
+
+    fn new(net: Arc<Net>, id: u64, epoch: u64, rank: u32, members: Vec<u32>, setup: Setup) -> Self {
         let n = members.len();
         let hosts = host_layout(&net, &members);
         let shared_host = hosts.as_ref().is_some_and(|h| h.iter().all(|&x| x == 0));
+        let Setup { timeout, chunk_bytes, tuning } = setup;
         let board = BoardCell::new(
             n as u32,
             shared_host,
-            net.transport != crate::config::Transport::Tcp,
-            net.algo == crate::collectives::select::AlgoChoice::Auto,
-            net.board_bytes,
+            tuning.intra == TransportKind::Shm,
+            tuning.algo == AlgoChoice::Auto,
+            tuning.board_bytes,
         );
         CommInner {
             net,
@@ -158,6 +180,7 @@ impl CommInner {
             members,
             timeout,
             chunk_bytes,
+            tuning,
             coll_seq: AtomicU64::new(0),
             p2p_seq: Mutex::new((vec![0; n], vec![0; n])),
             group_seq: Mutex::new(HashMap::new()),

@@ -77,7 +77,7 @@ impl Communicator {
         let id = derive_id(&[&c.id.to_le_bytes(), b"shrink", &epoch.to_le_bytes(), &list]);
         let members = survivors.iter().map(|&r| c.members[r as usize]).collect();
         tracing::info!(old_rank = c.rank, new_rank = rank, epoch, ?failed, "communicator shrunk");
-        let inner = CommInner::new(c.net.clone(), id, epoch, rank as u32, members, c.timeout, c.chunk_bytes);
+        let inner = CommInner::new(c.net.clone(), id, epoch, rank as u32, members, c.setup());
         Ok(match c.origin.clone() {
             Some(origin) => Communicator::world(inner, origin),
             None => Communicator::from_inner(inner),

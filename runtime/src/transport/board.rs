@@ -28,8 +28,7 @@ use crate::reduce;
 use crate::types::{DataType, ReduceOp};
 use crate::wire::Fingerprint;
 
-/// Largest payload a board slot holds: allreduces up to this size use the board.
-pub(crate) const BOARD_BYTES: usize = 4096;
+pub(crate) use crate::tuning::BOARD_BYTES;
 /// Most ranks a board serves (its size grows with the ranks).
 pub(crate) const BOARD_RANKS: u32 = 64;
 /// Slots per rank: board operations that may be in flight at once on different streams. Seven

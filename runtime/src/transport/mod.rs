@@ -13,7 +13,6 @@ pub(crate) mod board;
 pub(crate) const WITHDRAW_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
 
 mod heartbeat;
-pub(crate) mod linkcost;
 pub(crate) mod news;
 mod placement;
 pub(crate) mod pool;
@@ -699,15 +698,6 @@ pub(crate) struct Net {
     watchdog: Option<heartbeat::Watchdog>,
     /// This rank's pulse socket, when heartbeats are on.
     pulse: Option<Arc<pulse::Pulse>>,
-    /// `HCCN_ALGO` of the process, for every communicator over these links.
-    pub algo: crate::collectives::select::AlgoChoice,
-    /// HCCN_BOARD_BYTES.
-    pub board_bytes: usize,
-    /// `HCCN_TRANSPORT` of the process (the cost model's view of same-host links).
-    pub transport: crate::config::Transport,
-    /// The cost model's link figures, identical on every rank of the world (`linkcost::agree`
-    /// sets them as the world forms; built-in until then, and for joiners).
-    pub costs: crate::collectives::select::LinkCosts,
 }
 
 impl Net {
@@ -746,10 +736,6 @@ impl Net {
             graceful: std::sync::atomic::AtomicBool::new(true),
             watchdog,
             pulse,
-            algo: cfg.algo,
-            board_bytes: cfg.board_bytes,
-            transport: cfg.transport,
-            costs: crate::collectives::select::LinkCosts::builtin(),
         }
     }
 

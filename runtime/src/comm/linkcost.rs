@@ -12,10 +12,11 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
-use super::shm::{Out, Sink};
-use super::{Health, Key, Net};
-use crate::collectives::select::{LinkCost, LinkCosts, TransportKind};
-use crate::config::{Config, LinkCostSource, LINK_ALPHA_US, LINK_GBPS};
+use crate::transport::shm::{Out, Sink};
+use crate::transport::{Health, Key, Net};
+use crate::tuning::{LinkCost, LinkCosts, TransportKind};
+use crate::config::{Config, LinkCostSource};
+use crate::tuning::{LINK_ALPHA_US, LINK_GBPS};
 use crate::error::{Error, ErrorKind, Result};
 use crate::wire::{FrameHeader, FrameKind};
 
@@ -114,7 +115,7 @@ impl Probe<'_> {
         let me = net.hosts.first().copied().flatten();
         let tcp_peers = || (1..size).filter(|p| !net.shm.has(*p));
         let remote = tcp_peers().find(|p| net.hosts.get(*p as usize).copied().flatten() != me);
-        let tcp = remote.or_else(|| tcp_peers().find(|_| net.transport == crate::config::Transport::Tcp));
+        let tcp = remote.or_else(|| tcp_peers().find(|_| self.cfg.transport == crate::config::Transport::Tcp));
         let shm = (1..size).find(|p| net.shm.has(*p));
         [(TransportKind::Shm, shm), (TransportKind::Tcp, tcp)].into_iter().filter_map(|(k, p)| Some((k, p?))).collect()
     }
