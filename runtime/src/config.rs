@@ -4,9 +4,9 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use crate::tuning::{AlgoChoice, LinkCost, LinkCosts, TransportKind, LINK_ALPHA_US, LINK_GBPS};
 use crate::error::{Error, Result};
 use crate::rendezvous::{EtcdAccess, StoreAddr};
+use crate::tuning::{AlgoChoice, LinkCost, LinkCosts, TransportKind, LINK_ALPHA_US, LINK_GBPS};
 
 /// One documented variable: name, default (as text), meaning.
 #[derive(Debug, Clone, Copy)]

@@ -181,7 +181,6 @@ impl std::fmt::Display for LinkCosts {
     }
 }
 
-
 /// A world's tuning, the same on every rank of it: every communicator over the world's
 /// connections (groups, splits, shrinks, rebuilds) decides with it.
 #[derive(Debug, Clone, Copy, PartialEq)]

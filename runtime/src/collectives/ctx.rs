@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use smallvec::SmallVec;
 
-use crate::comm::CommInner;
+use super::team::Team;
 use crate::error::{Error, ErrorKind, Result};
 use crate::reduce;
 use crate::trace;
@@ -17,7 +17,7 @@ use crate::types::{DataType, ReduceOp};
 use crate::wire::{Fingerprint, FrameHeader, FrameKind};
 
 pub(crate) struct Ctx<'a> {
-    comm: &'a CommInner,
+    comm: &'a Team,
     kind: FrameKind,
     seq: u64,
     /// Pipeline chunk of this operation (the cost model's choice, at most HCCN_CHUNK_BYTES).
@@ -29,7 +29,7 @@ pub(crate) struct Ctx<'a> {
 }
 
 impl<'a> Ctx<'a> {
-    pub fn new(comm: &'a CommInner, kind: FrameKind, seq: u64) -> Self {
+    pub fn new(comm: &'a Team, kind: FrameKind, seq: u64) -> Self {
         Ctx { comm, kind, seq, chunk: comm.chunk_bytes, turn: None, fp: Fingerprint::default() }
     }
 
@@ -105,7 +105,7 @@ impl<'a> Ctx<'a> {
             true => e,
             false => e.context(format!(
                 "{}: one rank went to the shared-memory board, another to messages",
-                crate::comm::BROKEN_MARK
+                super::team::BROKEN_MARK
             )),
         }
     }
@@ -412,7 +412,7 @@ pub(crate) struct Sends<'d> {
 }
 
 struct Pending<'d> {
-    comm: &'d CommInner,
+    comm: &'d Team,
     dst: u32,
     /// The transport's number for the send, until it completed or was withdrawn.
     index: Option<u64>,

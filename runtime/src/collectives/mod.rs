@@ -15,6 +15,7 @@ mod rhd;
 mod ring;
 mod ring_compressed;
 pub mod select;
+pub(crate) mod team;
 mod traced;
 mod tree;
 mod verify;

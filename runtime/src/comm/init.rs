@@ -11,10 +11,10 @@ use crate::auth::random_bytes;
 use crate::config::{Config, LaunchEnv};
 use std::time::{Duration, Instant};
 
+use super::linkcost;
 use crate::error::{Error, ErrorKind, Result};
 use crate::rendezvous::{runs, Store, StoreAddr, StoreServer, TcpStore, UniqueId};
 use crate::transport::tcp;
-use super::linkcost;
 
 /// Stores started by `new_unique_id` in this process. Each is held here until a communicator
 /// made from it takes it over; from then on it lives exactly as long as this process's

@@ -192,7 +192,14 @@ impl Communicator {
         }
         let pulse = crate::transport::pulse::Pulse::open(cfg.bind_addr, token);
         let net = Arc::new(Net::new(rank, links, inbox, pulse, cfg));
-        let inner = CommInner::new(net, adm.id, adm.epoch, rank, (0..size).collect(), super::Setup::of(cfg, LinkCosts::builtin()));
+        let inner = CommInner::new(
+            net,
+            adm.id,
+            adm.epoch,
+            rank,
+            (0..size).collect(),
+            super::Setup::of(cfg, LinkCosts::builtin()),
+        );
         tracing::info!(rank, size, epoch = adm.epoch, "joined");
         Ok(Some(Communicator::world(inner, origin)))
     }

@@ -12,12 +12,12 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
+use crate::config::{Config, LinkCostSource};
+use crate::error::{Error, ErrorKind, Result};
 use crate::transport::shm::{Out, Sink};
 use crate::transport::{Health, Key, Net};
 use crate::tuning::{LinkCost, LinkCosts, TransportKind};
-use crate::config::{Config, LinkCostSource};
 use crate::tuning::{LINK_ALPHA_US, LINK_GBPS};
-use crate::error::{Error, ErrorKind, Result};
 use crate::wire::{FrameHeader, FrameKind};
 
 /// Round trips of 8 bytes for α, after [`WARMUP`] untimed ones.
