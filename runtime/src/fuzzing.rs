@@ -110,8 +110,8 @@ pub fn bootstrap(data: &[u8]) {
             let mut h = [0u8; 16];
             let n = data.len().min(16);
             h[..n].copy_from_slice(&data[..n]);
-            let (mesh, rank, size) = crate::transport::tcp::parse_hello(&h);
-            assert_eq!(crate::transport::tcp::hello(mesh, rank, size), h, "hello does not round-trip");
+            let (mesh, rank, size) = crate::rendezvous::bootstrap::parse_hello(&h);
+            assert_eq!(crate::rendezvous::bootstrap::hello(mesh, rank, size), h, "hello does not round-trip");
         }
         3 => {
             if let Ok(a) = crate::comm::join::Admission::decode(data) {

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use super::linkcost;
 use crate::error::{Error, ErrorKind, Result};
+use crate::rendezvous::bootstrap;
 use crate::rendezvous::{runs, Store, StoreAddr, StoreServer, TcpStore, UniqueId};
-use crate::transport::tcp;
 
 /// Stores started by `new_unique_id` in this process. Each is held here until a communicator
 /// made from it takes it over; from then on it lives exactly as long as this process's
@@ -212,7 +212,7 @@ impl Communicator {
     fn bootstrap(store: &dyn Store, origin: Arc<Origin>, rank: u32, size: u32) -> Result<Communicator> {
         let (prefix, cfg) = (&origin.prefix, &origin.cfg);
         let id = derive_id(&[prefix.as_bytes(), &size.to_le_bytes()]);
-        let net = tcp::connect_mesh(rank, size, store, prefix, id, &origin.token, cfg)?;
+        let net = bootstrap::connect_mesh(rank, size, store, prefix, id, &origin.token, cfg)?;
         // Before any communicator exists, so that all of them (sub-communicators, shrinks,
         // rebuilds) see the same figures on every rank.
         let costs = linkcost::agree(&net, size, id, cfg)?;

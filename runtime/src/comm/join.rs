@@ -15,6 +15,7 @@ use std::time::Duration;
 use super::{agree, derive_id, CommInner, Communicator, Origin};
 use crate::collectives::{Op, Ptr};
 use crate::error::{Error, ErrorKind, Result};
+use crate::rendezvous::bootstrap;
 use crate::rendezvous::Store;
 use crate::transport::{tcp, Inbox, Link, Net};
 use crate::tuning::LinkCosts;
@@ -148,7 +149,7 @@ fn connect_joiners(
     for (k, (_, addr)) in adm.joiners.iter().enumerate() {
         let peer = adm.survivors + k as u32;
         if peer > rank {
-            out.push((peer, tcp::connect_peer(parse_addr(addr)?, peer, adm.id, rank, adm.size(), token, cfg)?));
+            out.push((peer, bootstrap::connect_peer(parse_addr(addr)?, peer, adm.id, rank, adm.size(), token, cfg)?));
         }
     }
     Ok(out)
@@ -180,7 +181,7 @@ impl Communicator {
                 .ok_or_else(|| Error::internal("admission without us"))? as u32;
         let size = adm.size();
         let socks = std::thread::scope(|s| -> Result<Vec<(u32, TcpStream)>> {
-            let acceptor = s.spawn(|| tcp::accept_peers(&listener, adm.id, 0..rank, size, token, cfg));
+            let acceptor = s.spawn(|| bootstrap::accept_peers(&listener, adm.id, 0..rank, size, token, cfg));
             let mut socks = connect_joiners(&adm, rank, token, cfg)?;
             socks.extend(acceptor.join().map_err(|_| Error::internal("accept thread panicked"))??);
             Ok(socks)

@@ -1,6 +1,7 @@
 //! Where ranks meet: a small key-value [`Store`] (Gloo's set/get/add), the embedded TCP store,
 //! and the unique id that carries a store's address and job token between processes.
 
+pub(crate) mod bootstrap;
 pub mod runs;
 mod tcp_store;
 mod unique_id;
