@@ -12,7 +12,7 @@ const BUILTIN: &str = "local=0.500us:10.000GB/s,shm=1.000us:8.000GB/s,tcp=50.000
 /// rank.
 fn perf(n: u32, env: &[(&str, &str)]) -> launch::Outcome {
     let args = ["-b", "1M", "-e", "1M", "-c", "-w", "1", "-n", "2"];
-    let mut all_env = vec![("HCCN_LOG", "hccn_runtime::transport::linkcost=debug")];
+    let mut all_env = vec![("HCCN_LOG", "hccn_runtime::comm::linkcost=debug")];
     all_env.extend_from_slice(env);
     launch::hccnrun(n, &launch::bin("hccn-perf"), &args, &all_env, Duration::from_secs(60))
 }

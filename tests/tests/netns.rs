@@ -245,7 +245,7 @@ fn two_ranks_per_host_allreduce_hierarchically_over_shm_inside_and_tcp_between()
     // Sizes from one element to several chunks per segment, each checked element by element.
     let args = ["-b", "4", "-e", "256K", "-f", "8", "-c", "-w", "1", "-n", "2"];
     // Forced: for the smallest sizes the cost model rightly prefers recursive doubling.
-    let log = "hccn_runtime::transport=info,hccn_runtime::transport::linkcost=debug";
+    let log = "hccn_runtime::transport=info,hccn_runtime::comm::linkcost=debug";
     let env = [("HCCN_TRACE", trace_dir.as_str()), ("HCCN_LOG", log), ("HCCN_ALGO", "hier")];
     let (a, b) = hosts.run_with(&store, 2, &perf, &args, &env, || {});
     let files: Vec<String> = std::fs::read_dir(&trace)

@@ -152,7 +152,7 @@ impl<'a> Ctx<'a> {
         self.comm.tuning.intra
     }
 
-    /// The link figures the world agreed on at creation (see `transport::linkcost`).
+    /// The link figures the world agreed on at creation (see `comm::linkcost`).
     pub fn link_costs(&self) -> super::select::LinkCosts {
         self.comm.tuning.costs
     }

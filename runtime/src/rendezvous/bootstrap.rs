@@ -208,7 +208,8 @@ pub(crate) fn connect_mesh(
             Some(l) => ("shm", l.cma()),
             None => ("tcp", false),
         };
-        tracing::info!(rank, peer = *peer, transport, cma, "data link");
+        // Logged as the transport's (HCCN_LOG=hccn_runtime::transport=info shows every link).
+        tracing::info!(target: "hccn_runtime::transport", rank, peer = *peer, transport, cma, "data link");
         hosts[*peer as usize] = Some(host);
         local[*peer as usize] = link;
     }

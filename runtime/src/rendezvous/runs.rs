@@ -121,7 +121,7 @@ pub fn first_world(store: &dyn super::Store, job_id: &str, ranks: &[u32]) -> cra
     if set(&crate::comm::join::formed_key(&prefix))? {
         return Ok(Formation::Formed);
     }
-    // Each rank publishes its address first thing (transport/tcp.rs, connect_mesh).
+    // Each rank publishes its address first thing (rendezvous/bootstrap.rs, connect_mesh).
     for r in ranks {
         if set(&format!("{prefix}/addr/{r}"))? {
             return Ok(Formation::Forming);

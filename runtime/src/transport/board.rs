@@ -12,7 +12,7 @@
 //! `TURNS` turns ago, so no rank overwrites a buffer that another has yet to fold; a reader waits
 //! for the sequence word. Every line has a single writer: no atomic read-modify-write on a line
 //! that all ranks share (a shared read count took a fifth of a 4-byte allreduce's time). Waits
-//! spin or yield as the rings do (see shm.rs), then sleep on the board's futex, woken by writes
+//! spin or yield as the rings do (see wait.rs), then sleep on the board's futex, woken by writes
 //! and folds. Where the host's ranks outnumber its cores, each waiter says in its line which core
 //! it runs on: a waiter spins rather than yields while no rank it waits for shares its core, and
 //! the ranks keep themselves evenly spread over the cores (placement.rs).

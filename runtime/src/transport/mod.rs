@@ -21,8 +21,10 @@ mod placement;
 pub(crate) mod pool;
 pub(crate) mod pulse;
 pub(crate) mod shm;
+pub(crate) mod sink;
 mod sweep;
 pub(crate) mod tcp;
+pub(crate) mod wait;
 mod waker;
 
 pub(crate) use inbox::{departure, Health, Inbox};

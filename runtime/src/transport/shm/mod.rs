@@ -1,0 +1,273 @@
+//! Shared-memory links between ranks on one host. Each pair of such ranks shares one segment (a
+//! /dev/shm file created by the lower rank, mapped by both, unlinked as soon as both have it)
+//! holding two single-producer rings, one per direction. A ring is `SLOTS` slots of up to
+//! `SLOT_DATA` bytes; a frame takes one slot (header + payload) or, when larger, several slots
+//! that the receiver consumes as they fill, reducing or copying straight out of shared memory.
+//!
+//! The TCP connection to the same peer stays: it carries goodbyes, heartbeats, revokes and
+//! agreement frames, and its end-of-file is still how a dead peer is noticed. Only collective and
+//! point-to-point data frames travel here, matched exactly as in the [`Inbox`]: a receiver polls
+//! the ring of the peer it waits for; a frame at the head of that ring that belongs to another
+//! wait (another communicator, stream or sequence number) is moved to the inbox for it.
+//!
+//! Large frames can skip the ring's copy (CMA): when a probe at the handshake shows that both
+//! processes may read each other's memory with `process_vm_readv` (pid namespaces, ptrace policy
+//! or seccomp may forbid it; `HCCN_CMA=off` does), a sender that can wait for completion
+//! ([`Shm::send_desc`], used by the pipelined ring) writes a one-slot descriptor of its buffer
+//! instead of the payload. The receiver reads the payload from the sender's memory (with plain
+//! loads when it lies in shareable memory the receiver has mapped, see `mem.rs`) and hands it to
+//! its sink, then acknowledges it in the control block; the sender leaves its buffer alone until
+//! then ([`Shm::wait_sent`]), or withdraws what was not read yet when its operation fails
+//! ([`Shm::withdraw`]). Plain sends always use the ring: a sender blocked until its receiver
+//! reads could wait in a cycle of ranks that all send first.
+//!
+//! Waits spin briefly (not at all when the host's ranks outnumber its cores), then yield, then
+//! sleep on a futex in the shared page (woken by the other side, or after 1 ms to look at the
+//! peer's health). A waiting sender or receiver also drains the other rings into the inbox, so
+//! that ranks blocked on full rings in a cycle can never deadlock: as with TCP, a send always
+//! completes eventually, whatever the receiver is doing. Where the ranks outnumber the cores, a
+//! waiter that yielded says in the rings it produces which core it runs on, and the ranks keep
+//! themselves evenly spread over the cores (placement.rs).
+
+mod cma;
+mod handshake;
+mod recv;
+mod ring;
+mod segment;
+mod send;
+#[cfg(test)]
+mod tests;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+
+use super::{Frame, Health, Inbox, Key};
+use crate::config::{Config, Transport, MAX_CHUNK_BYTES};
+use crate::error::{Error, ErrorKind, Result};
+use crate::mem::{PeerMaps, RegionRef};
+use crate::transport::placement::{self, here, Countdown};
+use crate::wire::{FrameHeader, FrameKind, HEADER_LEN};
+
+pub(crate) use crate::transport::sink::{Out, Sink, WritePiece};
+pub(crate) use crate::transport::wait::{futex_wait, futex_wake, Backoff, Wait, NAP};
+use cma::*;
+pub(crate) use handshake::handshake;
+use ring::Ring;
+pub(crate) use segment::{host_id, HostId, Segment};
+
+/// Payload bytes per slot; a multiple of 16 so that pieces of a frame never split an element.
+const SLOT_DATA: usize = 64 << 10;
+/// Slot header: frame header, piece length, flags.
+const SLOT_HEAD: usize = 64;
+const SLOT_BYTES: usize = SLOT_HEAD + SLOT_DATA;
+const SLOTS: u64 = 16;
+/// Ring control block: head, tail, data futex, space futex, CMA acknowledgements, the core the
+/// producer last ran on, each on its own cache line, then the states of the descriptors in flight.
+const CTRL: usize = CMA_STATES_AT + CMA_STATES as usize * 8;
+const CPU_AT: usize = 320;
+const CMA_STATES_AT: usize = 384;
+/// Descriptors in flight whose state the control block can hold: more than a ring's slots plus
+/// the one being read, the most that can be unacknowledged (a descriptor's slot is released just
+/// before it is read).
+const CMA_STATES: u64 = 32;
+const _: () = assert!(CMA_STATES > SLOTS + 1);
+/// A descriptor's state (with its number in the bits above): the sender posted it, the receiver
+/// is reading it, or the sender withdrew it before the receiver began.
+const POSTED: u64 = 1;
+const READING: u64 = 2;
+const WITHDRAWN: u64 = 3;
+const RING_BYTES: usize = CTRL + SLOTS as usize * SLOT_BYTES;
+const SEG_BYTES: usize = 2 * RING_BYTES;
+/// A slot header (one cache line): the frame's kind (0), flags (1), piece length (4..8),
+/// communicator (8..16), sequence (16..24), tag (24..28), frame length (28..32), fingerprint
+/// (32..48); a payload of up to `INLINE` bytes (48..56), so that the smallest frames cost the
+/// receiver one cache line; and the sequence word (56..64). Magic and version are implied, and
+/// the epoch too: a communicator's id differs at every epoch.
+const INLINE_AT: usize = 48;
+const INLINE: usize = 8;
+const SEQ_AT: usize = 56;
+/// First piece of a frame (its slot header carries the frame header).
+const FIRST: u8 = 1;
+/// The slot holds a descriptor ([`Desc`]): the payload stays in the sender's memory and the
+/// receiver reads it with process_vm_readv.
+const CMA: u8 = 2;
+/// Largest piece the receiver reads with one process_vm_readv into its scratch buffer: small
+/// enough to stay in cache while the sink reduces it; a multiple of 16.
+const CMA_PIECE: usize = 256 << 10;
+/// Smallest payload sent by descriptor: below it, the setup of a cross-process read (pinning the
+/// sender's pages) costs more than the copy through the ring saves.
+pub(crate) const CMA_MIN: usize = 64 << 10;
+
+/// A frame being moved into the inbox piece by piece.
+struct Partial {
+    hdr: FrameHeader,
+    buf: Vec<u8>,
+}
+
+#[derive(Default)]
+struct RxState {
+    partial: Option<Partial>,
+    /// Number of the next descriptor expected from the peer.
+    cma_next: u64,
+    /// Where descriptor payloads are read to, piece by piece (allocated at the first one).
+    scratch: Vec<u8>,
+    /// The peer's shareable regions mapped here, read without a system call.
+    maps: PeerMaps,
+}
+
+/// The producer's side of a ring, held while writing a frame.
+#[derive(Default)]
+struct TxState {
+    /// The last tail seen, so that a producer reads the consumer's cache line only when the ring
+    /// looks full.
+    tail: u64,
+    /// Descriptors written so far.
+    posted: u64,
+}
+
+/// The shared-memory link to one peer.
+pub(crate) struct ShmPeer {
+    _seg: Segment,
+    tx: Ring,
+    rx: Ring,
+    tx_lock: Mutex<TxState>,
+    rx_state: Mutex<RxState>,
+    /// The peer's process id when both sides may read each other's memory (CMA).
+    cma_pid: Option<i32>,
+}
+
+// SAFETY: the raw ring pointers point into `_seg`, which lives as long as the peer and is
+// Send + Sync; all shared state is atomics or protected by the ring protocol and the mutexes.
+unsafe impl Send for ShmPeer {}
+// SAFETY: as above.
+unsafe impl Sync for ShmPeer {}
+
+impl ShmPeer {
+    fn new(seg: Segment, creator: bool) -> ShmPeer {
+        // SAFETY: both rings lie inside the segment (SEG_BYTES = 2 * RING_BYTES).
+        let (a, b) = (Ring { base: seg.ptr }, Ring { base: unsafe { seg.ptr.add(RING_BYTES) } });
+        let (tx, rx) = if creator { (a, b) } else { (b, a) };
+        ShmPeer {
+            _seg: seg,
+            tx,
+            rx,
+            tx_lock: Mutex::new(TxState::default()),
+            rx_state: Mutex::new(RxState::default()),
+            cma_pid: None,
+        }
+    }
+}
+
+impl ShmPeer {
+    /// True when large frames to this peer go by descriptor.
+    pub fn cma(&self) -> bool {
+        self.cma_pid.is_some()
+    }
+}
+
+/// The shared-memory links of one world, by world rank.
+#[derive(Default)]
+pub(crate) struct Shm {
+    /// This rank's world rank.
+    me: u32,
+    peers: Vec<Option<ShmPeer>>,
+    wait: Wait,
+    /// The core this rank last said it runs on, in every ring it produces.
+    said: AtomicU32,
+    spread_in: Countdown,
+}
+
+impl crate::transport::wait::Yielded for Shm {
+    fn yielded(&self) {
+        self.spread();
+    }
+}
+
+enum Polled {
+    Done,
+    Progress,
+    Nothing,
+    /// The frame was a descriptor its sender withdrew: its operation failed.
+    Withdrawn,
+}
+
+fn header(raw: &[u8; HEADER_LEN], src: u32) -> Result<FrameHeader> {
+    let hdr = FrameHeader::decode(raw, MAX_CHUNK_BYTES).map_err(|e| e.context(format!("shared memory from {src}")))?;
+    if !matches!(hdr.kind, FrameKind::Collective | FrameKind::P2p) {
+        return Err(Error::new(ErrorKind::Transfer, format!("a {:?} frame in shared memory from {src}", hdr.kind)));
+    }
+    Ok(hdr)
+}
+
+impl Shm {
+    pub fn new(me: u32, peers: Vec<Option<ShmPeer>>) -> Shm {
+        let wait = Wait::for_local_ranks(1 + peers.iter().filter(|p| p.is_some()).count());
+        Shm { me, peers, wait, said: AtomicU32::new(u32::MAX), spread_in: Countdown::default() }
+    }
+
+    fn backoff(&self) -> Backoff<'_> {
+        Backoff::with_after_yield(self.wait, self)
+    }
+
+    /// After a waiter yielded (the host's ranks outnumber its cores): says in its rings where
+    /// this rank runs now (a write per local peer, only on a change), and now and then moves it
+    /// off a crowded core (placement.rs).
+    fn spread(&self) {
+        let mine = here();
+        self.say_cpu(mine);
+        if !self.spread_in.due() {
+            return;
+        }
+        let cores = |f: &mut dyn FnMut(u32, u32)| {
+            f(self.me, mine);
+            for (rank, p) in self.peers.iter().enumerate() {
+                if let Some(p) = p {
+                    f(rank as u32, p.rx.cpu_word().load(Ordering::Relaxed));
+                }
+            }
+        };
+        if let Some(to) = placement::spread(self.me, mine, &cores) {
+            self.spread_in.settle();
+            self.say_cpu(to);
+        }
+    }
+
+    fn say_cpu(&self, cpu: u32) {
+        if self.said.swap(cpu, Ordering::Relaxed) != cpu {
+            self.peers.iter().flatten().for_each(|p| p.tx.cpu_word().store(cpu, Ordering::Relaxed));
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.peers.iter().all(|p| p.is_none())
+    }
+
+    /// How this host's waiters wait (spin or yield first), for other shared-memory waits.
+    pub(super) fn wait(&self) -> Wait {
+        self.wait
+    }
+
+    pub fn has(&self, rank: u32) -> bool {
+        self.peer(rank).is_some()
+    }
+
+    fn peer(&self, rank: u32) -> Option<&ShmPeer> {
+        self.peers.get(rank as usize).and_then(|p| p.as_ref())
+    }
+
+    /// True when frames to `rank` may go by descriptor (both sides agreed at the handshake).
+    pub fn cma(&self, rank: u32) -> bool {
+        self.peer(rank).is_some_and(|p| p.cma_pid.is_some())
+    }
+
+    /// True when `payload` should go to `rank` by descriptor, for the receiver to read once,
+    /// rather than be copied through the ring. Where the host's ranks outnumber its cores only a
+    /// payload in shareable memory (read in place) does: there a receiver's `process_vm_readv`
+    /// (which pins the sender's pages) while its sender waits cost more than two copies made by
+    /// both sides through the ring's cached slots (4 ranks on 2 cores: allgather and
+    /// reduce-scatter 1.7-2.3x, the ring allreduce 1.6-2x slower from 1 to 64 MiB).
+    pub fn single_copy(&self, rank: u32, payload: &[u8]) -> bool {
+        self.cma(rank)
+            && (!self.wait.shares_cores() || crate::mem::find(payload.as_ptr() as usize, payload.len()).is_some())
+    }
+}

@@ -1,0 +1,63 @@
+//! A shared-memory file mapped into this process, and the identity of the host it lives on.
+
+use std::os::fd::AsRawFd;
+
+/// Identity of the host this process runs on: boot id, host name, and network and mount
+/// namespaces (two namespace "hosts" on one machine are different hosts).
+pub(crate) type HostId = [u8; 32];
+
+pub(crate) fn host_id() -> HostId {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(std::fs::read("/proc/sys/kernel/random/boot_id").unwrap_or_default());
+    let mut name = [0u8; 256];
+    // SAFETY: the buffer is writable for its whole length, which is what we pass.
+    if unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) } == 0 {
+        h.update(name);
+    }
+    for ns in ["/proc/self/ns/net", "/proc/self/ns/mnt", "/proc/self/ns/ipc"] {
+        use std::os::unix::fs::MetadataExt;
+        let ino = std::fs::metadata(ns).map(|m| m.ino()).unwrap_or(0);
+        h.update(ino.to_le_bytes());
+    }
+    h.finalize().into()
+}
+
+/// A mapped segment; unmapped on drop (the other process keeps its own mapping).
+pub(crate) struct Segment {
+    pub(crate) ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory; every access goes through atomics or through
+// slots whose ownership the ring protocol hands from one side to the other.
+unsafe impl Send for Segment {}
+// SAFETY: as above.
+unsafe impl Sync for Segment {}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are exactly what mmap returned; nothing refers to it any more.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+impl Segment {
+    pub(crate) fn map(file: &std::fs::File, len: usize) -> std::io::Result<Segment> {
+        // SAFETY: a fresh shared mapping of a file we hold open; checked for MAP_FAILED.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Segment { ptr: ptr.cast(), len })
+    }
+}
