@@ -192,7 +192,7 @@ impl Communicator {
             links[peer as usize] = Some(tcp::start_link(sock, peer, &inbox, cfg)?);
         }
         let pulse = crate::transport::pulse::Pulse::open(cfg.bind_addr, token);
-        let net = Arc::new(Net::new(rank, links, inbox, pulse, cfg));
+        let net = Arc::new(Net::new(rank, links, inbox, pulse, Default::default(), cfg));
         let inner = CommInner::new(
             net,
             adm.id,
@@ -236,10 +236,7 @@ impl Communicator {
         let mut members = small.inner.members.clone();
         for (peer, sock) in connect_joiners(&adm, rank, &origin.token, cfg)? {
             let net = &c.net;
-            let world = net.links.add(|w| tcp::start_link(sock, w, &net.inbox, cfg))?;
-            if let Some(link) = net.links.get(world) {
-                net.introduce(link.as_ref());
-            }
+            let world = net.add_peer(|w| tcp::start_link(sock, w, &net.inbox, cfg))?;
             debug_assert_eq!(members.len() as u32, peer);
             members.push(world);
         }

@@ -218,8 +218,7 @@ pub(crate) fn connect_mesh(
         links[peer as usize] = Some(start_link(sock, peer, &inbox, cfg)?);
     }
     let pulse = crate::transport::pulse::Pulse::open(cfg.bind_addr, token);
-    let mut net = Net::new(rank, links, inbox, pulse, cfg);
-    net.shm = shm::Shm::new(rank, local);
+    let mut net = Net::new(rank, links, inbox, pulse, shm::Shm::new(rank, local), cfg);
     net.hosts = hosts;
     Ok(net)
 }

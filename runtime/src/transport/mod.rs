@@ -6,6 +6,7 @@
 //! communicator that contains it returns `RankFailed` at once.
 
 pub(crate) mod board;
+pub(crate) mod channel;
 
 /// How long a receiver whose sender withdrew its data (its operation failed) waits to learn
 /// why before that is its error: whatever failed the sender's operation (a lost member, a
@@ -31,4 +32,5 @@ pub(crate) use inbox::{departure, Health, Inbox};
 pub(crate) use link::{poll_yielding, Frame, Key, Landing, Link, POLL_ALONE_MAX, TCP_POLL};
 pub(crate) use net::{incarnation, LinkTable, Net};
 pub(crate) use news::Fault;
+pub(crate) use sink::{Out, Sink};
 pub(crate) use sweep::once as sweep_once;

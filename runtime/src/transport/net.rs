@@ -1,49 +1,57 @@
 //! A world of processes as this rank reaches it: one link per peer, shared memory to the peers
 //! on this host, the inbox, and the watchdog.
 
-use std::cell::RefCell;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::{
-    board, heartbeat, news, poll_yielding, pool, pulse, shm, Fault, Frame, Health, Inbox, Key, Landing, Link,
-    POLL_ALONE_MAX,
-};
-use crate::error::{Error, ErrorKind, Result};
+use super::channel::{Channel, Progress, SelfChannel, Status};
+use super::{board, heartbeat, news, pulse, shm, tcp, Fault, Inbox, Key, Link, Sink};
+use crate::error::{Error, Result};
 use crate::wire::{FrameHeader, FrameKind};
 
-/// The links of one world, indexed by world rank (this process's own numbering of its peers);
+/// One peer as this rank reaches it: its TCP link (control frames, liveness) and its data
+/// channel (shared memory or that same TCP link).
+#[derive(Clone)]
+pub(crate) struct Peer {
+    pub link: Arc<dyn Link>,
+    pub channel: Arc<dyn Channel>,
+}
+
+/// The peers of one world, indexed by world rank (this process's own numbering of its peers);
 /// it grows when replacement ranks are admitted.
 #[derive(Default)]
 pub(crate) struct LinkTable {
-    links: std::sync::RwLock<Vec<Option<Arc<dyn Link>>>>,
+    peers: std::sync::RwLock<Vec<Option<Peer>>>,
 }
 
 impl LinkTable {
-    pub fn new(links: Vec<Option<Arc<dyn Link>>>) -> Self {
-        LinkTable { links: std::sync::RwLock::new(links) }
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Vec<Option<Peer>>> {
+        self.peers.read().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn get(&self, rank: u32) -> Option<Arc<dyn Link>> {
-        self.links.read().unwrap_or_else(|p| p.into_inner()).get(rank as usize).cloned().flatten()
+        self.read().get(rank as usize).cloned().flatten().map(|p| p.link)
+    }
+
+    pub fn channel(&self, rank: u32) -> Option<Arc<dyn Channel>> {
+        self.read().get(rank as usize).cloned().flatten().map(|p| p.channel)
     }
 
     /// Every live link with its world rank.
     pub fn all(&self) -> Vec<(u32, Arc<dyn Link>)> {
-        let links = self.links.read().unwrap_or_else(|p| p.into_inner());
-        links.iter().enumerate().filter_map(|(r, l)| l.clone().map(|l| (r as u32, l))).collect()
+        self.read().iter().enumerate().filter_map(|(r, p)| p.as_ref().map(|p| (r as u32, p.link.clone()))).collect()
     }
 
     /// How many world ranks the table covers (the world's size, joiners included).
     pub fn len(&self) -> usize {
-        self.links.read().unwrap_or_else(|p| p.into_inner()).len()
+        self.read().len()
     }
 
-    /// Adds the link that `make` builds for the next world rank, and returns that rank.
-    pub fn add(&self, make: impl FnOnce(u32) -> Result<Arc<dyn Link>>) -> Result<u32> {
-        let mut links = self.links.write().unwrap_or_else(|p| p.into_inner());
-        let rank = links.len() as u32;
-        links.push(Some(make(rank)?));
+    /// Adds the peer that `make` builds for the next world rank, and returns that rank.
+    fn add(&self, make: impl FnOnce(u32) -> Result<Peer>) -> Result<u32> {
+        let mut peers = self.peers.write().unwrap_or_else(|p| p.into_inner());
+        let rank = peers.len() as u32;
+        peers.push(Some(make(rank)?));
         Ok(rank)
     }
 }
@@ -54,10 +62,13 @@ pub(crate) struct Net {
     pub links: Arc<LinkTable>,
     pub inbox: Arc<Inbox>,
     /// Shared-memory links to the peers on this host (set up with the mesh; none for joiners).
-    pub shm: shm::Shm,
+    pub shm: Arc<shm::Shm>,
     /// Host of each world rank, where known (all of them in a world formed together).
     pub hosts: Vec<Option<shm::HostId>>,
-    timeout: Duration,
+    /// This rank's channel to itself.
+    local: Arc<dyn Channel>,
+    /// What keeps this rank's channels moving while one waits (see channel.rs).
+    progress: Option<Progress>,
     graceful: std::sync::atomic::AtomicBool,
     watchdog: Option<heartbeat::Watchdog>,
     /// This rank's pulse socket, when heartbeats are on.
@@ -65,18 +76,45 @@ pub(crate) struct Net {
 }
 
 impl Net {
-    /// Joins the links; a watchdog thread tells the peers of this rank's losses and, with a
-    /// heartbeat interval, keeps the links alive (with `pulse`, on a path of their own too) and
-    /// declares silent peers failed.
+    /// Joins the peers: `links` by world rank, and shared memory (`shm`) to those on this host,
+    /// which then becomes their data channel. A watchdog thread tells the peers of this rank's
+    /// losses and, with a heartbeat interval, keeps the links alive (with `pulse`, on a path of
+    /// their own too) and declares silent peers failed.
     pub fn new(
         rank: u32,
         links: Vec<Option<Arc<dyn Link>>>,
         inbox: Arc<Inbox>,
         pulse: Option<pulse::Pulse>,
+        shm: shm::Shm,
         cfg: &crate::config::Config,
     ) -> Net {
         let n = links.len();
-        let links = Arc::new(LinkTable::new(links));
+        let shm = Arc::new(shm);
+        let progress: Option<Progress> = (!shm.is_empty()).then(|| {
+            let (shm, inbox) = (shm.clone(), inbox.clone());
+            Arc::new(move || shm.drain(None, &inbox)) as Progress
+        });
+        let peers: Vec<Option<Peer>> = links
+            .into_iter()
+            .enumerate()
+            .map(|(r, link)| {
+                let link = link?;
+                let peer = r as u32;
+                let channel: Arc<dyn Channel> = match shm.has(peer) {
+                    true => {
+                        Arc::new(shm::ShmChannel { shm: shm.clone(), peer, inbox: inbox.clone(), timeout: cfg.timeout })
+                    }
+                    false => Arc::new(tcp::TcpChannel {
+                        peer,
+                        link: link.clone(),
+                        inbox: inbox.clone(),
+                        progress: progress.clone(),
+                    }),
+                };
+                Some(Peer { link, channel })
+            })
+            .collect();
+        let links = Arc::new(LinkTable { peers: std::sync::RwLock::new(peers) });
         let pulse = pulse.filter(|_| !cfg.heartbeat.is_zero()).map(Arc::new);
         inbox.note_intro(rank, incarnation(), None);
         links.all().iter().for_each(|(_, l)| introduce(l.as_ref(), pulse.as_deref()));
@@ -90,88 +128,54 @@ impl Net {
         );
         let mut hosts = vec![None; n.max(rank as usize + 1)];
         hosts[rank as usize] = Some(shm::host_id());
+        let local = Arc::new(SelfChannel { inbox: inbox.clone(), rank });
         Net {
             rank,
             links,
             inbox,
-            shm: shm::Shm::default(),
+            shm,
             hosts,
-            timeout: cfg.timeout,
+            local,
+            progress,
             graceful: std::sync::atomic::AtomicBool::new(true),
             watchdog,
             pulse,
         }
     }
 
-    /// The transport that carries data frames to world rank `peer`.
-    pub fn transport(&self, peer: u32) -> &'static str {
-        match peer {
-            p if p == self.rank => "self",
-            p if self.shm.has(p) => "shm",
-            _ => "tcp",
+    /// Adds a peer admitted after the world formed (a joiner: TCP), whose link `make` builds for
+    /// the next world rank; returns that rank.
+    pub fn add_peer(&self, make: impl FnOnce(u32) -> Result<Arc<dyn Link>>) -> Result<u32> {
+        let rank = self.links.add(|peer| {
+            let link = make(peer)?;
+            let (inbox, progress) = (self.inbox.clone(), self.progress.clone());
+            let channel = Arc::new(tcp::TcpChannel { peer, link: link.clone(), inbox, progress });
+            Ok(Peer { link, channel })
+        })?;
+        if let Some(link) = self.links.get(rank) {
+            introduce(link.as_ref(), self.pulse.as_deref());
+        }
+        Ok(rank)
+    }
+
+    /// The data channel to world rank `peer`.
+    fn channel(&self, peer: u32) -> Result<Arc<dyn Channel>> {
+        match peer == self.rank {
+            true => Ok(self.local.clone()),
+            false => {
+                self.links.channel(peer).ok_or_else(|| Error::internal(format!("no channel to world rank {peer}")))
+            }
         }
     }
 
-    /// Receives the frame `key`: `sink.check` sees its header, then `sink.out` its payload
-    /// (in order, in pieces that never split an element). Bounded by `timeout`; ends early with
-    /// the error `status` gives (the communicator failed, was aborted or revoked).
-    pub fn recv(
-        &self,
-        key: Key,
-        timeout: Duration,
-        status: &dyn Fn(&Health<'_>) -> Option<Error>,
-        sink: &mut shm::Sink<'_, '_>,
-    ) -> Result<()> {
-        if self.shm.has(key.src) {
-            return self.shm.recv(key, &self.inbox, timeout, status, sink);
-        }
-        let link = self.links.get(key.src);
-        let small = sink.expect <= POLL_ALONE_MAX;
-        let deadline = Instant::now() + timeout;
-        let give_up =
-            || Instant::now() >= deadline || (self.inbox.troubles() != 0 && self.inbox.status(status).is_some());
-        let frame = {
-            // A large frame that is only stored may land straight in the receive's buffer.
-            let into = match &mut sink.out {
-                shm::Out::Into(buf) if !small && buf.len() == sink.expect => Some(RefCell::new(&mut **buf)),
-                _ => None,
-            };
-            let landing = into.as_ref().map(|dst| Landing { key, dst, give_up: &give_up });
-            let poll = |budget, ready: &dyn Fn() -> bool| match &link {
-                Some(l) => l.poll(budget, ready, small, landing.as_ref()),
-                None => poll_yielding(budget, ready),
-            };
-            if self.shm.is_empty() {
-                self.inbox.take(key, timeout, status, &poll)?
-            } else {
-                // Wait in slices, keeping the shared-memory rings moving meanwhile: a local sender
-                // blocked on a full ring must not wait for this remote frame.
-                loop {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    match self.inbox.take(key, left.min(Duration::from_millis(2)), status, &poll) {
-                        Ok(f) => break f,
-                        Err(e) if e.kind() == ErrorKind::Timeout && !left.is_zero() => {
-                            self.shm.drain(None, &self.inbox)
-                        }
-                        Err(e) if e.kind() == ErrorKind::Timeout => {
-                            return Err(Error::timeout(format!(
-                                "no message from world rank {} within {} ms (HCCN_TIMEOUT_MS)",
-                                key.src,
-                                timeout.as_millis()
-                            )))
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
-            }
-        };
-        (sink.check)(&frame.hdr)?;
-        if frame.landed {
-            return Ok(());
-        }
-        sink.piece(0, &frame.payload);
-        pool::give(frame.payload);
-        Ok(())
+    /// The transport that carries data frames to world rank `peer`.
+    pub fn transport(&self, peer: u32) -> &'static str {
+        self.channel(peer).map_or("none", |c| c.name())
+    }
+
+    /// Receives the data frame `key` on its sender's channel (see [`Channel::recv`]).
+    pub fn recv(&self, key: Key, timeout: Duration, status: Status<'_>, sink: &mut Sink<'_, '_>) -> Result<()> {
+        self.channel(key.src)?.recv(key, timeout, status, sink)
     }
 
     /// Creates the shared-memory board of a communicator of `n` ranks at `path` (this is rank
@@ -185,73 +189,44 @@ impl Net {
         board::Board::open(path, n, me, self.shm.wait())
     }
 
-    /// Moves frames waiting in the shared-memory rings into the inbox, so that their senders
-    /// can go on while this rank waits for something else.
+    /// Runs the progress hook: frames waiting on this rank's channels move into the inbox, so
+    /// that their senders can go on while this rank waits for something else.
     pub fn keep_moving(&self) {
-        self.shm.drain(None, &self.inbox);
+        if let Some(p) = &self.progress {
+            p();
+        }
     }
 
-    /// Sends one frame to world rank `dst` (to itself through the inbox).
+    /// Sends one frame to world rank `dst`: a data frame on its channel, any other on its link.
     pub fn send(&self, dst: u32, hdr: &FrameHeader, payload: &[u8]) -> Result<()> {
-        if dst == self.rank {
-            let mut copy = pool::take(payload.len());
-            copy.extend_from_slice(payload);
-            self.inbox.push(dst, Frame { hdr: *hdr, payload: copy, landed: false });
-            return Ok(());
-        }
-        let failed =
-            |reason: String| Err(Error::rank_failed(vec![dst], format!("world rank {dst} failed earlier: {reason}")));
-        if matches!(hdr.kind, FrameKind::Collective | FrameKind::P2p) && self.shm.has(dst) {
-            if self.inbox.troubles() != 0 {
-                if let Some(reason) = self.inbox.failed_reason(dst) {
-                    return failed(reason);
-                }
-            }
-            return self.shm.send(dst, hdr, payload, &self.inbox, self.timeout);
+        if matches!(hdr.kind, FrameKind::Collective | FrameKind::P2p) || dst == self.rank {
+            return self.channel(dst)?.send(hdr, payload);
         }
         let link = self.links.get(dst).ok_or_else(|| Error::internal(format!("no link to world rank {dst}")))?;
         if let Some(reason) = self.inbox.failed_reason(dst) {
-            return failed(reason);
+            return Err(Error::rank_failed(vec![dst], format!("world rank {dst} failed earlier: {reason}")));
         }
         link.send(hdr, payload).map_err(|e| {
-            if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
-                return Error::timeout(format!("sending to world rank {dst} made no progress (HCCN_TIMEOUT_MS)"));
-            }
             self.inbox.mark_failed(dst, Fault::cut(format!("send failed: {e}")));
             Error::rank_failed(vec![dst], format!("world rank {dst} is unreachable: {e}"))
         })
     }
 
-    /// Starts sending one frame to world rank `dst`. A large data frame to a same-host peer that
-    /// permits it goes by descriptor: the peer reads `payload` from this process's memory, and
-    /// the returned number must be passed to [`Net::send_wait`] (or [`Net::send_withdraw`])
-    /// before `payload` changes or is freed. Any other frame is sent at once (`None`).
+    /// Starts sending one data frame to world rank `dst` (see [`Channel::send_start`]).
     pub fn send_start(&self, dst: u32, hdr: &FrameHeader, payload: &[u8]) -> Result<Option<u64>> {
-        let single_copy = payload.len() >= shm::CMA_MIN
-            && dst != self.rank
-            && matches!(hdr.kind, FrameKind::Collective | FrameKind::P2p)
-            && self.shm.single_copy(dst, payload);
-        if !single_copy {
-            return self.send(dst, hdr, payload).map(|_| None);
-        }
-        if self.inbox.troubles() != 0 {
-            if let Some(reason) = self.inbox.failed_reason(dst) {
-                return Err(Error::rank_failed(vec![dst], format!("world rank {dst} failed earlier: {reason}")));
-            }
-        }
-        self.shm.send_desc(dst, hdr, payload, &self.inbox, self.timeout)
+        self.channel(dst)?.send_start(hdr, payload)
     }
 
-    /// Waits until world rank `dst` has read the frame [`Net::send_start`] numbered `index` and
-    /// every earlier one; on an error, what it has not read is withdrawn.
-    pub fn send_wait(&self, dst: u32, index: u64, status: &dyn Fn(&Health<'_>) -> Option<Error>) -> Result<()> {
-        self.shm.wait_sent(dst, index, &self.inbox, self.timeout, status)
+    /// Waits until world rank `dst` has read frame `index` (see [`Channel::send_wait`]).
+    pub fn send_wait(&self, dst: u32, index: u64, status: Status<'_>) -> Result<()> {
+        self.channel(dst)?.send_wait(index, status)
     }
 
-    /// Withdraws the frame numbered `index` unless world rank `dst` has begun to read it, and
-    /// then waits for the read to end: its buffer is this process's again.
+    /// Withdraws frame `index` to world rank `dst` (see [`Channel::send_withdraw`]).
     pub fn send_withdraw(&self, dst: u32, index: u64) {
-        self.shm.withdraw(dst, index, &self.inbox, self.timeout)
+        if let Ok(c) = self.channel(dst) {
+            c.send_withdraw(index);
+        }
     }
 
     /// How long world rank `peer` has been silent (nothing on its link, no pulse); `None`
@@ -260,11 +235,6 @@ impl Net {
         let link = self.links.get(peer)?.silent_for();
         let pulse = self.pulse.as_ref().and_then(|p| p.silent_for(peer));
         Some(pulse.map_or(link, |p| p.min(link)))
-    }
-
-    /// Introduces this rank on a link added after the world formed (a joiner's).
-    pub fn introduce(&self, link: &dyn Link) {
-        introduce(link, self.pulse.as_deref());
     }
 
     /// Closes the connection to world rank `peer` after it sent something this rank refuses.

@@ -39,7 +39,8 @@ mod send;
 mod tests;
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use super::{Frame, Health, Inbox, Key};
 use crate::config::{Config, Transport, MAX_CHUNK_BYTES};
@@ -269,5 +270,65 @@ impl Shm {
     pub fn single_copy(&self, rank: u32, payload: &[u8]) -> bool {
         self.cma(rank)
             && (!self.wait.shares_cores() || crate::mem::find(payload.as_ptr() as usize, payload.len()).is_some())
+    }
+}
+
+/// The shared-memory data channel of a peer on this host (see the module's documentation).
+pub(crate) struct ShmChannel {
+    pub shm: Arc<Shm>,
+    pub peer: u32,
+    pub inbox: Arc<Inbox>,
+    pub timeout: Duration,
+}
+
+impl ShmChannel {
+    /// The error for a send to a peer this rank lost earlier.
+    fn lost_earlier(&self) -> Result<()> {
+        if self.inbox.troubles() == 0 {
+            return Ok(());
+        }
+        match self.inbox.failed_reason(self.peer) {
+            Some(reason) => {
+                Err(Error::rank_failed(vec![self.peer], format!("world rank {} failed earlier: {reason}", self.peer)))
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+impl crate::transport::channel::Channel for ShmChannel {
+    fn name(&self) -> &'static str {
+        "shm"
+    }
+
+    fn send(&self, hdr: &FrameHeader, payload: &[u8]) -> Result<()> {
+        self.lost_earlier()?;
+        self.shm.send(self.peer, hdr, payload, &self.inbox, self.timeout)
+    }
+
+    fn send_start(&self, hdr: &FrameHeader, payload: &[u8]) -> Result<Option<u64>> {
+        if payload.len() < CMA_MIN || !self.shm.single_copy(self.peer, payload) {
+            return self.send(hdr, payload).map(|()| None);
+        }
+        self.lost_earlier()?;
+        self.shm.send_desc(self.peer, hdr, payload, &self.inbox, self.timeout)
+    }
+
+    fn send_wait(&self, index: u64, status: crate::transport::channel::Status<'_>) -> Result<()> {
+        self.shm.wait_sent(self.peer, index, &self.inbox, self.timeout, status)
+    }
+
+    fn send_withdraw(&self, index: u64) {
+        self.shm.withdraw(self.peer, index, &self.inbox, self.timeout)
+    }
+
+    fn recv(
+        &self,
+        key: Key,
+        timeout: Duration,
+        status: crate::transport::channel::Status<'_>,
+        sink: &mut Sink<'_, '_>,
+    ) -> Result<()> {
+        self.shm.recv(key, &self.inbox, timeout, status, sink)
     }
 }

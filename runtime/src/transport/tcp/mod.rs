@@ -6,6 +6,7 @@
 //! buffer), while the reader stands aside (`polled`). io.rs reads and writes sockets, reader.rs
 //! is the reader thread.
 
+mod channel;
 mod io;
 mod reader;
 
@@ -21,6 +22,7 @@ use super::{Fault, Frame, Inbox, Key, Landing, Link};
 use crate::config::{Config, MAX_CHUNK_BYTES};
 use crate::error::{Error, ErrorKind, Result};
 use crate::wire::{FrameHeader, FrameKind, HEADER_LEN};
+pub(crate) use channel::TcpChannel;
 pub(crate) use io::send_all;
 use io::{discard_skipped, peek_header, read_exact_fd, read_payload, send_all_unless_full, whole_frame, PEEK_PAYLOAD};
 use reader::{reader_loop, Reader};
