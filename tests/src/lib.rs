@@ -8,6 +8,7 @@ pub mod framework;
 pub mod launch;
 pub mod matrix;
 pub mod threads;
+pub mod torch;
 
 use hccn_runtime::Op;
 
