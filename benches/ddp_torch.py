@@ -1,0 +1,207 @@
+"""DDP benchmark of torch.distributed on Gloo and on hccn, both in one run (issue 26's targets).
+
+    /opt/hccn/venvs/torch/bin/python benches/ddp_torch.py [--quick] [--backends gloo,hccn]
+
+For each backend it starts 2 ranks under torch.distributed.run (torchrun: OMP_NUM_THREADS=1 per
+rank, as torchrun sets it) and measures, as PyTorch's documentation writes such code:
+
+- ``dist.all_reduce`` of one float32 (4 B), synchronous: median over 5 rounds of the mean of
+  2,000 calls (rank 0's clock, after 500 warm-up calls);
+- ``dist.all_reduce`` of 64 MiB (float32): median of 10 calls;
+- a DDP training step (``DistributedDataParallel`` around 16 x ``nn.Linear(1024, 1024)`` with
+  ReLU between, 64 MiB of fp32 gradients, batch 32 per rank, SGD, default buckets): median of
+  20 steps after 5 warm-up steps;
+- the same step without communication (the plain model, both ranks computing at once), and the
+  overhead: DDP step minus that step;
+- the CPU time that the threads other than the main one used per DDP step
+  (``/proc/self/task/*/schedstat``), which shows whether waits spin.
+
+Prints a table with the targets of issue 26: all_reduce 4 B <= 5 us; DDP overhead <= 1.3 x
+hccn's bare 64 MiB all_reduce; DDP step <= 0.8 x Gloo's. Nothing here is a test.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def thread_cpu_ns():
+    """{tid: (name, cpu ns)} for every thread of this process."""
+    out = {}
+    base = "/proc/self/task"
+    for tid in os.listdir(base):
+        try:
+            with open(f"{base}/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
+            with open(f"{base}/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        out[int(tid)] = (name, ns)
+    return out
+
+
+def other_threads_ns(before, after):
+    main = os.getpid()
+    by_name = {}
+    for tid, (name, ns) in after.items():
+        if tid == main:
+            continue
+        d = ns - before.get(tid, (name, 0))[1]
+        by_name[name] = by_name.get(name, 0) + d
+    return by_name
+
+
+def worker(backend, quick, out_path):
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if backend == "hccn":
+        import hccn.torch  # noqa: F401 - registers "hccn"
+
+    dist.init_process_group(backend)
+    rank = dist.get_rank()
+    res = {"backend": backend}
+
+    # all_reduce of 4 bytes
+    t = torch.ones(1)
+    for _ in range(500):
+        dist.all_reduce(t)
+    rounds = []
+    for _ in range(5 if not quick else 2):
+        dist.barrier()
+        n = 2000
+        t0 = time.perf_counter()
+        for _ in range(n):
+            dist.all_reduce(t)
+        rounds.append((time.perf_counter() - t0) / n)
+    res["ar4_us"] = statistics.median(rounds) * 1e6
+    res["ar4_rounds_us"] = [r * 1e6 for r in rounds]
+
+    # all_reduce of 64 MiB
+    big = torch.ones(16 << 20)
+    dist.all_reduce(big)
+    times = []
+    reps = 10 if not quick else 3
+    for _ in range(reps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(big)
+        times.append(time.perf_counter() - t0)
+    res["ar64m_ms"] = statistics.median(times) * 1e3
+    if big[0].item() != 2.0 ** (1 + reps) or big[-1].item() != big[0].item():
+        raise SystemExit(f"all_reduce 64 MiB: wrong result {big[0].item()}")
+
+    # DDP step and the same step without communication
+    torch.manual_seed(0)
+    layers = []
+    for i in range(16):
+        layers.append(nn.Linear(1024, 1024))
+        if i < 15:
+            layers.append(nn.ReLU())
+    model = nn.Sequential(*layers)
+    batch = 32
+    x = torch.randn(batch, 1024)
+    y = torch.randn(batch, 1024)
+    loss_fn = nn.MSELoss()
+    warm, steps = (5, 20) if not quick else (2, 5)
+
+    def timed_steps(net, opt):
+        for _ in range(warm):
+            opt.zero_grad()
+            loss_fn(net(x), y).backward()
+            opt.step()
+        dist.barrier()
+        before = thread_cpu_ns()
+        ts = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            loss_fn(net(x), y).backward()
+            opt.step()
+            ts.append(time.perf_counter() - t0)
+        others = other_threads_ns(before, thread_cpu_ns())
+        return statistics.median(ts), {k: v / steps / 1e6 for k, v in others.items() if v > 0}
+
+    local = nn.Sequential(*[m for m in model])
+    plain, _ = timed_steps(local, torch.optim.SGD(local.parameters(), lr=1e-4))
+    ddp = DDP(model)
+    step, others = timed_steps(ddp, torch.optim.SGD(ddp.parameters(), lr=1e-4))
+    res["plain_step_ms"] = plain * 1e3
+    res["ddp_step_ms"] = step * 1e3
+    res["ddp_overhead_ms"] = (step - plain) * 1e3
+    res["other_threads_cpu_ms_per_step"] = others
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(res, f)
+    dist.destroy_process_group()
+
+
+def run(backend, quick):
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = f.name
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cmd += [os.path.abspath(__file__), "--worker", backend, "--out", out] + (["--quick"] if quick else [])
+    env = dict(os.environ)
+    env.setdefault("PYTHONPATH", "")
+    try:
+        subprocess.run(cmd, check=True, timeout=900, env=env)
+        with open(out) as f:
+            return json.load(f)
+    finally:
+        os.unlink(out)
+
+
+def table(results):
+    rows = [
+        ("dist.all_reduce 4 B (us)", "ar4_us", "{:.1f}"),
+        ("dist.all_reduce 64 MiB (ms)", "ar64m_ms", "{:.1f}"),
+        ("DDP step (ms)", "ddp_step_ms", "{:.1f}"),
+        ("same step without communication (ms)", "plain_step_ms", "{:.1f}"),
+        ("DDP overhead (ms)", "ddp_overhead_ms", "{:.1f}"),
+    ]
+    names = [r["backend"] for r in results]
+    print(f"{'':40s}" + "".join(f"{n:>12s}" for n in names))
+    for label, key, fmt in rows:
+        print(f"{label:40s}" + "".join(f"{fmt.format(r[key]):>12s}" for r in results))
+    for r in results:
+        print(f"{r['backend']}: other threads' CPU per DDP step (ms): "
+              + ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["other_threads_cpu_ms_per_step"].items())))
+    by = {r["backend"]: r for r in results}
+    h, g = by.get("hccn"), by.get("gloo")
+    if h:
+        ok = h["ar4_us"] <= 5
+        print(f"target all_reduce 4 B <= 5 us: {h['ar4_us']:.1f} us  {'MET' if ok else 'MISSED'}")
+        ratio = h["ddp_overhead_ms"] / h["ar64m_ms"]
+        print(f"target DDP overhead <= 1.3 x bare 64 MiB all_reduce: {ratio:.2f} x  {'MET' if ratio <= 1.3 else 'MISSED'}")
+    if h and g:
+        ratio = h["ddp_step_ms"] / g["ddp_step_ms"]
+        print(f"target DDP step <= 0.8 x Gloo's: {ratio:.2f} x  {'MET' if ratio <= 0.8 else 'MISSED'}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
+    p.add_argument("--backends", default="gloo,hccn")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.worker:
+        worker(a.worker, a.quick, a.out)
+        return
+    results = [run(b, a.quick) for b in a.backends.split(",")]
+    table(results)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
