@@ -106,7 +106,9 @@ def _compile(out, quiet):
     cwd = os.getcwd()
     try:
         os.chdir(HERE)  # the extension's sources are relative to bindings/python
-        args = ["build_ext", "--build-lib", out, "--build-temp", temp]
+        # --force: setuptools would skip the compiler when the .so is newer than the .cpp files,
+        # although a header changed (the stamp already decided that a build is due).
+        args = ["build_ext", "--force", "--build-lib", out, "--build-temp", temp]
         setup(
             name="hccn-torch-ext",
             ext_modules=[extension()],

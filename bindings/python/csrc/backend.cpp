@@ -253,6 +253,19 @@ void ProcessGroupHCCN::shutdown() { close(false); }
 
 void ProcessGroupHCCN::abort() { close(true); }
 
+// -- shareable memory ---------------------------------------------------------------------------
+
+at::Tensor ProcessGroupHCCN::allocateTensor(long size, at::TensorOptions options) {
+  if (options.device().type() != at::kCPU) invalid("allocateTensor: the hccn backend allocates CPU tensors only");
+  if (size < 0) invalid("allocateTensor: a negative size");
+  const uint64_t bytes = uint64_t(size) * c10::elementSize(c10::typeMetaToScalarType(options.dtype()));
+  if (bytes == 0) return at::empty({size}, options);
+  void* p = nullptr;
+  check(api().hccn_mem_alloc(&p, bytes), comm_);
+  // Freed when the last tensor over it goes; operations keep their tensors until they are done.
+  return at::from_blob(p, {size}, [](void* q) { api().hccn_mem_free(q); }, options);
+}
+
 // -- groups ---------------------------------------------------------------------------------------
 
 c10::intrusive_ptr<ProcessGroupHCCN> ProcessGroupHCCN::adopt_new(hccn_comm* comm) {

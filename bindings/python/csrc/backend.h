@@ -43,6 +43,11 @@ class ProcessGroupHCCN : public c10d::Backend {
   bool supportsSplitting() const override { return true; }
   bool supportsShrinking() const override { return true; }
   uint64_t getSequenceNumberForGroup() override { return seq_; }
+  // Tensors in hccn's shareable memory (hccn_mem_alloc): a peer on this host reads them with
+  // plain loads instead of process_vm_readv. DDP allocates its gradient buckets here (unless
+  // DDP_DISABLE_COMM_MEM is set), FSDP2 its all-gather buffers when asked to.
+  bool supportsTensorAlloc(c10::DeviceIndex device) override { return device < 0; }
+  at::Tensor allocateTensor(long size, at::TensorOptions options) override;
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;

@@ -47,7 +47,9 @@ namespace hccn_torch {
   X(hccn_stream_create)         \
   X(hccn_stream_destroy)        \
   X(hccn_stream_synchronize)    \
-  X(hccn_stream_add_callback)
+  X(hccn_stream_add_callback)    \
+  X(hccn_mem_alloc)             \
+  X(hccn_mem_free)
 
 struct Api {
 #define HCCN_TORCH_POINTER(name) decltype(&::name) name = nullptr;
