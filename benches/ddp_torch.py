@@ -7,7 +7,9 @@ rank, as torchrun sets it) and measures, as PyTorch's documentation writes such 
 
 - ``dist.all_reduce`` of one float32 (4 B), synchronous: median over 5 rounds of the mean of
   2,000 calls (rank 0's clock, after 500 warm-up calls);
-- ``dist.all_reduce`` of 64 MiB (float32): median of 10 calls;
+- ``dist.all_reduce`` of 64 MiB (float32): median of 10 calls; the same on a tensor from the
+  backend's ``allocate_tensor`` (hccn's shareable memory, where DDP's buckets live), with the
+  caller's CPU time;
 - a DDP training step (``DistributedDataParallel`` around 16 x ``nn.Linear(1024, 1024)`` with
   ReLU between, 64 MiB of fp32 gradients, batch 32 per rank, SGD, default buckets): median of
   30 steps after 5 warm-up steps;
@@ -105,6 +107,22 @@ def worker(backend, quick, out_path):
     res["ar64m_ms"] = statistics.median(times) * 1e3
     if big[0].item() != 2.0 ** (1 + reps) or big[-1].item() != big[0].item():
         raise SystemExit(f"all_reduce 64 MiB: wrong result {big[0].item()}")
+    # The same in the backend's own memory (where DDP's buckets live on hccn), with the CPU time
+    # of the calling thread, which does the work: what a DDP step's communication should cost.
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    if backend.supports_tensor_alloc(torch.device("cpu")):
+        own = backend.allocate_tensor(16 << 20, dtype=torch.float32, device=torch.device("cpu"))
+        own.fill_(1.0)
+        dist.all_reduce(own)
+        walls, cpus = [], []
+        for _ in range(reps):
+            dist.barrier()
+            t0, c0 = time.perf_counter(), time.thread_time()
+            dist.all_reduce(own)
+            walls.append(time.perf_counter() - t0)
+            cpus.append(time.thread_time() - c0)
+        res["ar64m_own_ms"] = statistics.median(walls) * 1e3
+        res["ar64m_own_cpu_ms"] = statistics.median(cpus) * 1e3
 
     # DDP step and the same step without communication, three kinds of steps in rotation (so
     # that a change in the machine's load hits all alike), each on its own copy of the model.
@@ -187,6 +205,7 @@ def table(results):
     rows = [
         ("dist.all_reduce 4 B (us)", "ar4_us", "{:.1f}"),
         ("dist.all_reduce 64 MiB (ms)", "ar64m_ms", "{:.1f}"),
+        ("  the same in backend memory: wall / CPU", "own", None),
         ("DDP step (ms)", "ddp_step_ms", "{:.1f}"),
         ("step of the plain model (ms)", "plain_step_ms", "{:.1f}"),
         ("DDP step, no-op comm hook (ms)", "ddp_nocomm_step_ms", "{:.1f}"),
@@ -197,7 +216,9 @@ def table(results):
     names = [r["backend"] for r in results]
     print(f"{'':40s}" + "".join(f"{n:>12s}" for n in names))
     for label, key, fmt in rows:
-        if key is None:
+        if key == "own":
+            cells = [f"{r['ar64m_own_ms']:.1f}/{r['ar64m_own_cpu_ms']:.1f}" if "ar64m_own_ms" in r else "-" for r in results]
+        elif key is None:
             cells = [f"{r['main_cpu_plain_ms']:.0f}/{r['main_cpu_ddp_nocomm_ms']:.0f}/{r['main_cpu_ddp_ms']:.0f}" for r in results]
         else:
             cells = [fmt.format(r[key]) for r in results]

@@ -47,6 +47,9 @@ pub fn use_source_tree(cmd: &mut Command) -> &mut Command {
     extension();
     cmd.env("PYTHONPATH", root().join("bindings/python"))
         .env("HCCN_LIB", launch::bin_dir().join("libhccn.so"))
+        // Importing torch takes seconds per rank on a loaded machine, so ranks reach their first
+        // operation (or a replacement its admission) far apart: more room than the default 30 s.
+        .env("HCCN_TIMEOUT_MS", "120000")
         // Torch's own warnings of deprecated APIs that the tests call on purpose.
         .env("PYTHONWARNINGS", "ignore::FutureWarning")
 }
