@@ -111,11 +111,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCN::run(c10::intrusive_ptr<WorkHCCN
       error = std::current_exception();
     }
   }
-  work->finish = nullptr;
-  work->keep.clear();
-  work->complete(error);
   if (error) std::rethrow_exception(error);
-  return work;
+  // Done already, and the caller was going to wait at once: no Work, as c10d allows for
+  // operations a backend completed itself (torch's Python API then skips wait()).
+  return {};
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCN::enqueue_on(int recv_from, c10::intrusive_ptr<WorkHCCN> work,

@@ -4,7 +4,8 @@
 // How an operation runs:
 // - Synchronously on the caller's thread (stream NULL) when the caller waits at once
 //   (opts.asyncOp is false: dist.all_reduce(t) without async_op) and nothing of this group is
-//   queued: no thread hand-off, the Work is complete when returned.
+//   queued: no thread hand-off, and no Work (null, which c10d allows for an operation the
+//   backend completed itself).
 // - Otherwise queued on the group's hccn stream, followed by hccn_stream_add_callback: the
 //   stream's thread completes the Work and its future when the operation is done. No thread per
 //   operation; wait() sleeps on a condition variable. While the stream's thread waits for peers,
@@ -127,7 +128,7 @@ class ProcessGroupHCCN : public c10d::Backend {
 
   c10::intrusive_ptr<WorkHCCN> make_work(c10d::OpType type, std::vector<at::Tensor> outputs);
   // Runs `issue` now on this thread (stream NULL) when the caller waits at once and nothing is
-  // queued, else queues it on the group's stream.
+  // queued (and returns no Work), else queues it on the group's stream.
   c10::intrusive_ptr<c10d::Work> run(c10::intrusive_ptr<WorkHCCN> work, bool async, const Issue& issue);
   // Queues `issue` on the group's stream, or on the receive stream of `recv_from` (>= 0).
   c10::intrusive_ptr<c10d::Work> enqueue_on(int recv_from, c10::intrusive_ptr<WorkHCCN> work, const Issue& issue);
