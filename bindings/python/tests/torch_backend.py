@@ -190,6 +190,14 @@ def groups():
     dist.all_reduce(v, group=sg)
     same(v, sum(mine), "all_reduce on split_group")
     assert dist.get_world_size(sg) == len(mine)
+    if n > 2:  # a split that leaves the last rank out: it gets no group
+        part = dist.split_group(split_ranks=[list(range(n - 1))])
+        if r == n - 1:
+            assert part is dist.GroupMember.NON_GROUP_MEMBER, part
+        else:
+            v = torch.ones(1)
+            dist.all_reduce(v, group=part)
+            same(v, n - 1, "all_reduce on a split_group without the last rank")
 
 
 def errors():
