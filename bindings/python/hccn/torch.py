@@ -126,7 +126,6 @@ _C.set_exception_factory(_exception)
 # Creation
 
 class _State:
-    world = None  # the backend of the default group, when it is hccn's
     adopt = None  # a backend made by shrink/rebuild, for the next default group
     hccnrun_store = None  # the TCPStore this process hosts for torch under hccnrun
     joined_epoch = None  # the epoch of the world this process joined under hccnrun
@@ -158,19 +157,22 @@ def _create(opts, backend_options=None):
             b = _C.ProcessGroupHCCN.borrow(world.handle.value, timeout)
         else:
             b = _C.ProcessGroupHCCN.init_rank(_unique_id_via(opts.store, rank), rank, size, timeout)
-        _State.world = b
         return b
-    if _default_is_ours():
-        return _State.world.new_group(ranks)
+    parent = _hccn_default_group()
+    if parent is not None:  # global ranks are the default group's ranks
+        return parent.new_group(ranks)
     # The default group is another backend's: a communicator of its own, through torch's store.
     return _C.ProcessGroupHCCN.init_rank(_unique_id_via(opts.store, rank), rank, size, timeout)
 
 
-def _default_is_ours():
+def _hccn_default_group():
+    """The default group's backend when it is hccn's, else None."""
+    if not dist.is_initialized():
+        return None
     try:
-        return _State.world is not None and dist.is_initialized() and backend_of(None) is _State.world
+        return backend_of(None)
     except (RuntimeError, ValueError):
-        return False
+        return None
 
 
 def backend_of(group=None):

@@ -52,6 +52,11 @@ def survivor(n):
     v = torch.tensor([float(dist.get_rank() + 1)])
     dist.all_reduce(v, group=small)
     assert v.item() == (n - 1) * n / 2, v
+    # A sub-group of the shrunk default group comes from its communicator.
+    sub = dist.new_group(list(range(n - 1)))
+    v = torch.ones(1)
+    dist.all_reduce(v, group=sub)
+    assert v.item() == n - 1, v
 
     # Grow back: admit the replacement hccnrun started (waiting up to a minute for it).
     hccn.torch.rebuild(timeout=60)
