@@ -48,7 +48,16 @@ import torch.distributed as dist
 import hccn as _h
 from hccn import _raw
 
-__all__ = ["BACKEND", "HccnTorchError", "shrink", "rebuild", "failed_ranks", "is_replacement", "backend_of"]
+__all__ = [
+    "BACKEND",
+    "ProcessGroupHCCN",
+    "HccnTorchError",
+    "shrink",
+    "rebuild",
+    "failed_ranks",
+    "is_replacement",
+    "backend_of",
+]
 
 BACKEND = "hccn"
 
@@ -86,6 +95,7 @@ def _load_extension():
 
 _C = _load_extension()
 _C.load_library(_raw.lib._handle)
+ProcessGroupHCCN = _C.ProcessGroupHCCN  # the c10d::Backend subclass
 
 
 # ---------------------------------------------------------------------------------------------
