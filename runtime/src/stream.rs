@@ -415,4 +415,31 @@ mod loom_tests {
             assert_eq!(ran.load(Ordering::SeqCst), 0);
         });
     }
+
+    #[test]
+    fn a_callback_runs_once_after_the_work_before_it_with_its_status() {
+        loom::model(|| {
+            let s = Stream::new().expect("stream");
+            let ran = Arc::new(AtomicUsize::new(0));
+            let calls = Arc::new(AtomicUsize::new(0));
+            s.enqueue(counting(&ran)).expect("enqueue");
+            let (ran2, calls2) = (ran.clone(), calls.clone());
+            s.enqueue_callback(Box::new(move |status| {
+                assert!(status.is_ok());
+                assert_eq!(ran2.load(Ordering::SeqCst), 1, "the work before it has run");
+                calls2.fetch_add(1, Ordering::SeqCst);
+            }))
+            .expect("callback");
+            s.enqueue(Box::new(|| Err(Error::timeout("failed")))).expect("enqueue");
+            let calls3 = calls.clone();
+            // Queued before or after the failure has run: it is called, with the error.
+            s.enqueue_callback(Box::new(move |status| {
+                assert_eq!(status.err().map(|e| e.kind()), Some(ErrorKind::Timeout));
+                calls3.fetch_add(1, Ordering::SeqCst);
+            }))
+            .expect("a callback is queued on a failed stream");
+            drop(s);
+            assert_eq!(calls.load(Ordering::SeqCst), 2, "each callback exactly once");
+        });
+    }
 }
