@@ -90,6 +90,11 @@ typedef struct hccn_unique_id {
   uint8_t internal[128];
 } hccn_unique_id;
 
+/*
+ Called on a stream's thread by `hccn_stream_add_callback`: the stream's status, the caller's data.
+ */
+typedef void (*hccn_stream_callback)(hccn_result status, void *user_data);
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -362,6 +367,17 @@ hccn_result hccn_stream_synchronize(struct hccn_stream *stream);
  HCCN_SUCCESS when all queued work is done, HCCN_IN_PROGRESS while some is pending, or the error.
  */
 hccn_result hccn_stream_query(struct hccn_stream *stream);
+
+/*
+ Calls `callback(status, user_data)` on the stream's thread once everything queued before it
+ has finished; `status` is HCCN_SUCCESS or the stream's first error, whose message
+ `hccn_get_last_error()` returns inside the callback. It is called exactly once whenever this
+ returns HCCN_SUCCESS: also on a stream that has already failed, and before
+ `hccn_stream_destroy` returns. The callback must not wait for work of the same stream.
+ */
+hccn_result hccn_stream_add_callback(struct hccn_stream *stream,
+                                     hccn_stream_callback callback,
+                                     void *user_data);
 
 hccn_result hccn_event_create(struct hccn_event **event);
 

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use hccn_backend_hccl::{AclStream, Backend as Hccl};
 use hccn_runtime::{Backend, Error, ErrorKind, Event, Stream};
 
+use crate::error::fail;
 use crate::ffi::{guard, ok, out_ptr, write, Table};
-use crate::types::{hccn_event, hccn_result, hccn_stream, HCCN_IN_PROGRESS, HCCN_SUCCESS};
+use crate::types::{hccn_event, hccn_result, hccn_stream, hccn_stream_callback, HCCN_IN_PROGRESS, HCCN_SUCCESS};
 
 /// An hccn stream: a host queue, and on the HCCL backend the ACL stream that HCCL operations
 /// go to (the host queue then orders only events and the operations staged through host
@@ -78,6 +79,52 @@ pub unsafe extern "C" fn hccn_stream_synchronize(stream: *mut hccn_stream) -> hc
 #[no_mangle]
 pub unsafe extern "C" fn hccn_stream_query(stream: *mut hccn_stream) -> hccn_result {
     guard(|| progress(STREAMS.get(stream, "stream")?.query()))
+}
+
+/// The caller's `user_data`, handed to its callback on the stream's worker thread.
+struct UserData(*mut c_void);
+
+// SAFETY: hccn never dereferences it; hccn_stream_add_callback's caller promises that its
+// callback may be called with it from the stream's thread.
+unsafe impl Send for UserData {}
+
+impl UserData {
+    fn get(&self) -> *mut c_void {
+        self.0
+    }
+}
+
+/// Calls `callback(status, user_data)` on the stream's thread once everything queued before it
+/// has finished; `status` is HCCN_SUCCESS or the stream's first error, whose message
+/// `hccn_get_last_error()` returns inside the callback. It is called exactly once whenever this
+/// returns HCCN_SUCCESS: also on a stream that has already failed, and before
+/// `hccn_stream_destroy` returns. The callback must not wait for work of the same stream.
+#[no_mangle]
+pub unsafe extern "C" fn hccn_stream_add_callback(
+    stream: *mut hccn_stream,
+    callback: hccn_stream_callback,
+    user_data: *mut c_void,
+) -> hccn_result {
+    guard(|| {
+        let s = STREAMS.get(stream, "stream")?;
+        let f = callback.ok_or_else(|| Error::null("callback is NULL"))?;
+        // On an ACL stream the callback comes after the device work queued so far. If the host
+        // queue has failed, that wait is not queued and the callback gets the error.
+        if let Some(acl) = s.acl.clone() {
+            let _ = s.host.enqueue(Box::new(move || acl.wait()));
+        }
+        let data = UserData(user_data);
+        s.host.enqueue_callback(Box::new(move |status| {
+            let code = match status {
+                Ok(()) => HCCN_SUCCESS,
+                Err(e) => fail(&e),
+            };
+            // SAFETY: a non-NULL function of the header's callback type, called once with the
+            // caller's own data, as hccn_stream_add_callback documents.
+            unsafe { f(code, data.get()) }
+        }))?;
+        ok()
+    })
 }
 
 #[no_mangle]

@@ -38,6 +38,9 @@ pub struct hccn_bucket {
     _private: [u8; 0],
 }
 
+/// Called on a stream's thread by `hccn_stream_add_callback`: the stream's status, the caller's data.
+pub type hccn_stream_callback = Option<unsafe extern "C" fn(status: hccn_result, user_data: *mut std::ffi::c_void)>;
+
 /// What a rank needs to join a communicator: share these bytes out of band.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]

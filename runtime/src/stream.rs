@@ -1,6 +1,8 @@
 //! Host streams and events. A stream runs its operations in order on its own worker thread; the
 //! first error is sticky: later operations on the stream are not run and report it. An event
-//! marks a point in a stream's queue.
+//! marks a point in a stream's queue; a callback runs on the worker at a point of the queue, with
+//! the stream's status then (as `cudaStreamAddCallback`), so that a caller can complete its own
+//! futures without a thread of its own waiting.
 
 use crate::error::{Error, ErrorKind, Result};
 use sync::{mpsc, thread, Arc, Condvar, Mutex, MutexGuard};
@@ -71,6 +73,15 @@ mod sync {
 
 pub type Job = Box<dyn FnOnce() -> Result<()> + Send>;
 
+/// Runs once everything queued before it has finished, with the stream's status at that point
+/// (the first error, if any). Never skipped, not even after an error.
+pub type Callback = Box<dyn FnOnce(Result<()>) + Send>;
+
+enum Item {
+    Job(Job),
+    Callback(Callback),
+}
+
 #[derive(Default)]
 struct Progress {
     enqueued: u64,
@@ -104,7 +115,7 @@ impl Shared {
 /// An ordered queue of operations with its own worker thread.
 pub struct Stream {
     shared: Arc<Shared>,
-    tx: Mutex<Option<mpsc::Sender<Job>>>,
+    tx: Mutex<Option<mpsc::Sender<Item>>>,
     worker: Mutex<Option<thread::JoinHandle<()>>>,
 }
 
@@ -118,19 +129,24 @@ impl std::fmt::Debug for Stream {
 impl Stream {
     pub fn new() -> Result<Stream> {
         let shared = Arc::new(Shared::new());
-        let (tx, rx) = mpsc::channel::<Job>();
+        let (tx, rx) = mpsc::channel::<Item>();
         let s2 = shared.clone();
         let worker = thread::Builder::new()
             .name("hccn-stream".into())
             .spawn(move || {
-                while let Ok(job) = rx.recv() {
-                    let failed_before = s2.lock().error.is_some();
-                    let result = if failed_before {
-                        Ok(())
-                    } else {
-                        // A panic must not kill the worker: synchronize would wait forever.
-                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(job))
-                            .unwrap_or_else(|_| Err(Error::internal("an operation on this stream panicked")))
+                while let Ok(item) = rx.recv() {
+                    let failed_before = s2.lock().error.clone();
+                    // A panic must not kill the worker: synchronize would wait forever.
+                    let result = match item {
+                        Item::Job(_) if failed_before.is_some() => Ok(()),
+                        Item::Job(job) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(job))
+                            .unwrap_or_else(|_| Err(Error::internal("an operation on this stream panicked"))),
+                        Item::Callback(cb) => {
+                            let status = failed_before.map_or(Ok(()), Err);
+                            // A callback's panic is its own: it does not fail the stream.
+                            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || cb(status)));
+                            Ok(())
+                        }
                     };
                     let mut p = s2.lock();
                     if let Err(e) = result {
@@ -151,9 +167,21 @@ impl Stream {
         if let Some(e) = &p.error {
             return Err(e.clone());
         }
+        self.send(&mut p, Item::Job(job))
+    }
+
+    /// Queues `cb`, which the worker calls once everything queued before it has finished, with
+    /// the stream's status then. Queued after an error too (it then gets the error); fails only
+    /// while the stream is being destroyed. `cb` must not wait for this stream.
+    pub fn enqueue_callback(&self, cb: Callback) -> Result<()> {
+        let mut p = self.shared.lock();
+        self.send(&mut p, Item::Callback(cb))
+    }
+
+    fn send(&self, p: &mut MutexGuard<'_, Progress>, item: Item) -> Result<()> {
         let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
         let tx = tx.as_ref().ok_or_else(|| Error::invalid("the stream is being destroyed"))?;
-        tx.send(job).map_err(|_| Error::internal("stream worker is gone"))?;
+        tx.send(item).map_err(|_| Error::internal("stream worker is gone"))?;
         p.enqueued += 1;
         Ok(())
     }
@@ -271,6 +299,48 @@ mod tests {
         assert!(s.query().is_err());
         assert!(s.enqueue(Box::new(|| Ok(()))).is_err());
     }
+
+    #[test]
+    fn callbacks_run_in_order_with_the_status_even_after_an_error() {
+        let s = Stream::new().expect("stream");
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = |tag: &'static str| {
+            let seen = seen.clone();
+            Box::new(move |status: Result<()>| {
+                seen.lock().expect("lock").push((tag, status.err().map(|e| e.kind())));
+            })
+        };
+        let s2 = seen.clone();
+        s.enqueue(Box::new(move || {
+            std::thread::sleep(Duration::from_millis(5));
+            s2.lock().expect("lock").push(("job", None));
+            Ok(())
+        }))
+        .expect("enqueue");
+        s.enqueue_callback(log("first")).expect("callback");
+        s.enqueue(Box::new(|| Err(Error::timeout("boom")))).expect("enqueue");
+        s.enqueue_callback(log("after the error")).expect("callback");
+        assert!(s.synchronize().is_err());
+        // Queued on a failed stream: still run, with the error.
+        s.enqueue_callback(log("late")).expect("a callback is queued on a failed stream");
+        let _ = s.synchronize();
+        let panicking: Callback = Box::new(|_| panic!("a callback's own panic"));
+        s.enqueue_callback(panicking).expect("callback");
+        s.enqueue_callback(log("after a panic")).expect("callback");
+        drop(s); // waits for the queue
+        let got = seen.lock().expect("lock").clone();
+        let timeout = Some(ErrorKind::Timeout);
+        assert_eq!(
+            got,
+            vec![
+                ("job", None),
+                ("first", None),
+                ("after the error", timeout),
+                ("late", timeout),
+                ("after a panic", timeout)
+            ]
+        );
+    }
 }
 
 /// Model checks of the stream/event protocol (every interleaving loom finds, within its bounds):
@@ -343,6 +413,33 @@ mod loom_tests {
             assert!(s.enqueue(counting(&ran)).is_err());
             drop(s);
             assert_eq!(ran.load(Ordering::SeqCst), 0);
+        });
+    }
+
+    #[test]
+    fn a_callback_runs_once_after_the_work_before_it_with_its_status() {
+        loom::model(|| {
+            let s = Stream::new().expect("stream");
+            let ran = Arc::new(AtomicUsize::new(0));
+            let calls = Arc::new(AtomicUsize::new(0));
+            s.enqueue(counting(&ran)).expect("enqueue");
+            let (ran2, calls2) = (ran.clone(), calls.clone());
+            s.enqueue_callback(Box::new(move |status| {
+                assert!(status.is_ok());
+                assert_eq!(ran2.load(Ordering::SeqCst), 1, "the work before it has run");
+                calls2.fetch_add(1, Ordering::SeqCst);
+            }))
+            .expect("callback");
+            s.enqueue(Box::new(|| Err(Error::timeout("failed")))).expect("enqueue");
+            let calls3 = calls.clone();
+            // Queued before or after the failure has run: it is called, with the error.
+            s.enqueue_callback(Box::new(move |status| {
+                assert_eq!(status.err().map(|e| e.kind()), Some(ErrorKind::Timeout));
+                calls3.fetch_add(1, Ordering::SeqCst);
+            }))
+            .expect("a callback is queued on a failed stream");
+            drop(s);
+            assert_eq!(calls.load(Ordering::SeqCst), 2, "each callback exactly once");
         });
     }
 }

@@ -10,6 +10,7 @@ pub mod matrix;
 pub mod netlab;
 pub mod scratch;
 pub mod threads;
+pub mod torch;
 
 use hccn_runtime::Op;
 

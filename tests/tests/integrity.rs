@@ -58,3 +58,19 @@ fn two_threads_on_one_communicator_get_busy_never_wrong_data() {
         }
     }
 }
+
+#[test]
+fn point_to_point_on_another_thread_runs_beside_a_collective() {
+    for n in [2, 4] {
+        let out = launch::hccnrun(n, &integrity(), &["p2p-threads"], &[], Duration::from_secs(120));
+        assert_eq!(out.code, Some(0), "{}", out.describe());
+        for r in 0..n {
+            let line = out
+                .stdout
+                .lines()
+                .find(|l| l.starts_with(&format!("[{r}] P2P_THREADS ")))
+                .unwrap_or_else(|| panic!("rank {r} printed no P2P_THREADS line: {}", out.describe()));
+            assert!(line.ends_with("collectives_bad=0 messages_bad=0"), "{line}");
+        }
+    }
+}

@@ -286,13 +286,17 @@ impl Communicator {
     /// Checks `op` on the one validating path, then runs it now (`stream == None`) or queues it
     /// on `stream` and returns at once. A blocking call made while another thread is in one on
     /// this communicator fails at once with `Busy` (calls would pair up across threads).
+    /// Send and Recv are exempt: they pair by peer and per-peer sequence, taken under a lock, so
+    /// a blocking receive in a stream callback may run while a stream's collective does (as MPI
+    /// point-to-point under `MPI_THREAD_MULTIPLE`).
     ///
     /// # Safety
     /// Every buffer in `op` must be valid for the bytes the operation reads or writes (as in
     /// docs/c-api.md) until it completes: until return without a stream, or until the stream has
     /// run it.
     pub unsafe fn submit(&self, op: Op, stream: Option<&Stream>) -> Result<()> {
-        let _alone = if stream.is_none() { Some(self.inner.enter()?) } else { None };
+        let point_to_point = matches!(op, Op::Send { .. } | Op::Recv { .. });
+        let _alone = if stream.is_none() && !point_to_point { Some(self.inner.enter()?) } else { None };
         // SAFETY: the caller's promise, passed on.
         unsafe { self.submit_entered(op, stream) }
     }

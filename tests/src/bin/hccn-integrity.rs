@@ -9,6 +9,9 @@
 //!   one on a new group that the job goes on.
 //! - `threads`: two threads call blocking allreduces on one communicator at once, many times;
 //!   every call either returns HCCN_ERROR_BUSY (108) at once or the exact result.
+//! - `p2p-threads`: one thread calls blocking allreduces while another exchanges blocking
+//!   Send/Recv with a partner rank on the same communicator (as a framework's stream callback
+//!   does); point-to-point pairs by peer, so nothing is BUSY and every value is exact.
 
 use std::ffi::c_void;
 use std::process::ExitCode;
@@ -349,6 +352,74 @@ fn threads(c: &CComm) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// Blocking allreduces on one thread, Send/Recv with rank `r ^ 1` on another (even `n`).
+fn p2p_threads(c: &CComm) -> ExitCode {
+    let (r, n) = (c.rank(), c.size());
+    let comm = c.comm as usize;
+    let collectives = move || {
+        let mut bad = 0u32;
+        for i in 0..300u32 {
+            let send = vec![i as f32; 64];
+            let mut recv = vec![0f32; 64];
+            // SAFETY: the communicator outlives the joined threads; buffers live for the call.
+            let got = check(unsafe {
+                hccn_allreduce(
+                    send.as_ptr().cast::<c_void>(),
+                    recv.as_mut_ptr().cast(),
+                    64,
+                    4,
+                    0,
+                    comm as *mut hccn_comm,
+                    std::ptr::null_mut(),
+                )
+            });
+            if got.is_err() || recv.iter().any(|v| *v != i as f32 * n as f32) {
+                bad += 1;
+            }
+        }
+        bad
+    };
+    let messages = move || {
+        let partner = r ^ 1;
+        let mut bad = 0u32;
+        for i in 0..300u32 {
+            let mine = vec![(r * 100_000 + i) as f64; 32];
+            let mut theirs = vec![0f64; 32];
+            let peer = comm as *mut hccn_comm;
+            // SAFETY: as above; 32 doubles each way, the lower rank sends first.
+            let (a, b) = unsafe {
+                let send = || check(hccn_send(mine.as_ptr().cast(), 32, 10, partner, peer, std::ptr::null_mut()));
+                let recv = |buf: &mut Vec<f64>| {
+                    check(hccn_recv(buf.as_mut_ptr().cast(), 32, 10, partner, peer, std::ptr::null_mut()))
+                };
+                if r < partner {
+                    let a = send();
+                    (a, recv(&mut theirs))
+                } else {
+                    let b = recv(&mut theirs);
+                    (send(), b)
+                }
+            };
+            if a.is_err() || b.is_err() || theirs.iter().any(|v| *v != (partner * 100_000 + i) as f64) {
+                bad += 1;
+            }
+        }
+        bad
+    };
+    let a = std::thread::spawn(collectives);
+    let b = std::thread::spawn(messages);
+    match (a.join(), b.join()) {
+        (Ok(a), Ok(b)) => {
+            println!("P2P_THREADS collectives_bad={a} messages_bad={b}");
+            ExitCode::SUCCESS
+        }
+        _ => {
+            println!("P2P_THREADS panicked");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let mode = std::env::args().nth(1).unwrap_or_default();
     let comm = match hccn_tests::capi::start_worker() {
@@ -358,6 +429,7 @@ fn main() -> ExitCode {
     match mode.as_str() {
         "mismatch" => mismatch(&comm),
         "threads" => threads(&comm),
+        "p2p-threads" => p2p_threads(&comm),
         other => {
             eprintln!("unknown mode {other:?}");
             ExitCode::from(2)
