@@ -9,6 +9,7 @@ pub mod config;
 pub mod error;
 pub mod fusion;
 #[doc(hidden)]
+#[cfg(any(test, feature = "test-support"))]
 pub mod fuzzing;
 pub mod log;
 pub mod mem;

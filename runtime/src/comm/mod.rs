@@ -2,6 +2,7 @@
 //! and failure state. Groups and splits are new communicators over the parent's connections.
 
 pub(crate) mod agree;
+#[cfg(any(test, feature = "test-support"))]
 pub mod agree_sim;
 mod group;
 mod init;

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 #[doc(hidden)]
+#[cfg(any(test, feature = "test-support"))]
 pub use tcp_store::serve_bytes;
 pub use tcp_store::{StoreServer, TcpStore};
 pub use unique_id::UniqueId;

@@ -378,6 +378,7 @@ impl RequestSource for Timed<'_> {
     }
 }
 
+#[cfg(any(test, feature = "test-support"))]
 impl RequestSource for crate::fuzzing::Duplex<'_> {}
 
 /// Reads one request and answers it with `why` as an error: a client over the limit learns
@@ -494,6 +495,7 @@ fn serve(conn: &mut impl RequestSource, data: &Data, stop: &AtomicBool, max_wait
 
 /// Runs the store's request loop on the bytes of `input`, as one authenticated client, with a
 /// fresh store and GETs that never wait; returns what the store replied. For the fuzz targets.
+#[cfg(any(test, feature = "test-support"))]
 #[doc(hidden)]
 pub fn serve_bytes(input: &[u8]) -> (Result<()>, Vec<u8>) {
     let mut conn = crate::fuzzing::Duplex::new(input);
