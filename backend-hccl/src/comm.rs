@@ -1,5 +1,6 @@
 //! An HCCL communicator paired with the native communicator that carries hccn's control plane.
 
+use hccn_runtime::sync::Locked;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,7 +26,7 @@ pub(crate) struct Shared {
 impl Shared {
     /// The HCCL communicator, or the reason it is gone.
     fn raw(&self) -> Result<HcclComm> {
-        let raw = *self.raw.lock().unwrap_or_else(|p| p.into_inner());
+        let raw = *self.raw.locked();
         if raw == 0 {
             self.native.async_error()?;
             return Err(Error::new(ErrorKind::Aborted, "the HCCL communicator was torn down after a failure"));
@@ -36,7 +37,7 @@ impl Shared {
     /// After a detected failure: stop the device's tasks (`aclrtDeviceTaskAbort`), then
     /// `HcclCommDestroy`. Idempotent; later operations fail with the native side's error.
     pub fn teardown(&self) {
-        let raw = std::mem::take(&mut *self.raw.lock().unwrap_or_else(|p| p.into_inner()));
+        let raw = std::mem::take(&mut *self.raw.locked());
         if raw == 0 {
             return;
         }
@@ -61,7 +62,7 @@ impl Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        let raw = std::mem::take(&mut *self.raw.lock().unwrap_or_else(|p| p.into_inner()));
+        let raw = std::mem::take(&mut *self.raw.locked());
         if raw == 0 {
             return;
         }

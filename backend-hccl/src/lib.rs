@@ -10,6 +10,7 @@ mod comm;
 mod stage;
 mod stream;
 
+use hccn_runtime::sync::Locked;
 use std::cell::Cell;
 use std::sync::{Arc, Mutex};
 
@@ -40,7 +41,7 @@ impl Backend {
     /// A failed load is not remembered, so a corrected environment can try again.
     pub fn get(cfg: &Config) -> Result<Arc<Backend>> {
         let b = {
-            let mut slot = BACKEND.lock().unwrap_or_else(|p| p.into_inner());
+            let mut slot = BACKEND.locked();
             match slot.as_ref() {
                 Some(b) => b.clone(),
                 None => {

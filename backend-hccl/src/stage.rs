@@ -3,6 +3,7 @@
 //! `aclrtMemcpy` device to host, the native operation, `aclrtMemcpy` back. Slow but exact; the
 //! caller has already waited for the stream's earlier work.
 
+use hccn_runtime::sync::Locked;
 use std::ffi::c_void;
 
 use hccn_runtime::{Op, Ptr, Result};
@@ -25,7 +26,7 @@ fn extent(counts: &[u64], displs: &[u64], es: usize) -> usize {
 /// operations took this path.
 fn first_staged(name: &'static str) {
     static SEEN: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
-    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    let mut seen = SEEN.locked();
     if !seen.contains(&name) {
         seen.push(name);
         tracing::info!("HCCL backend: first staged {name}");

@@ -5,6 +5,7 @@
 //! Without `aclrtStreamQuery`, `aclrtSynchronizeStream` runs on a helper thread while the
 //! caller's thread does that watching; a stream whose wait ended on a failure is abandoned.
 
+use hccn_runtime::sync::Locked;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -78,7 +79,7 @@ impl AclStream {
     }
 
     pub(crate) fn watch(&self, s: &Arc<Shared>) {
-        let mut w = self.watched.lock().unwrap_or_else(|p| p.into_inner());
+        let mut w = self.watched.locked();
         w.retain(|x| x.strong_count() > 0);
         if !w.iter().any(|x| std::ptr::eq(x.as_ptr(), Arc::as_ptr(s))) {
             w.push(Arc::downgrade(s));
@@ -86,7 +87,7 @@ impl AclStream {
     }
 
     fn watched(&self) -> Vec<Arc<Shared>> {
-        self.watched.lock().unwrap_or_else(|p| p.into_inner()).iter().filter_map(|w| w.upgrade()).collect()
+        self.watched.locked().iter().filter_map(|w| w.upgrade()).collect()
     }
 
     /// A member failure seen by the native side of a communicator with work here; that
@@ -152,7 +153,7 @@ impl AclStream {
         };
         match api.acl("aclrtSynchronizeStream", rc) {
             Ok(()) => {
-                self.watched.lock().unwrap_or_else(|p| p.into_inner()).clear();
+                self.watched.locked().clear();
                 Ok(())
             }
             Err(e) => {
@@ -173,7 +174,7 @@ impl AclStream {
 
     /// The error that made this stream unusable, if a wait abandoned it.
     pub(crate) fn usable(&self) -> Result<()> {
-        match &*self.abandoned.lock().unwrap_or_else(|p| p.into_inner()) {
+        match &*self.abandoned.locked() {
             Some(e) => {
                 Err(e.clone().context("this ACL stream was abandoned after a failure (its tasks could not be stopped)"))
             }
@@ -182,7 +183,7 @@ impl AclStream {
     }
 
     fn abandon(&self, why: &Error) {
-        *self.abandoned.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
+        *self.abandoned.locked() = Some(why.clone());
     }
 
     /// A wait that gave up on pending tasks: without `aclrtDeviceTaskAbort` nothing stopped

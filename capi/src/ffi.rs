@@ -1,6 +1,7 @@
 //! The only place where C pointers become Rust values: the panic guard every exported body runs
 //! in, handle tables for the opaque types, and checked reads and writes through pointers.
 
+use hccn_runtime::sync::Locked;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
@@ -45,7 +46,7 @@ impl<T> Table<T> {
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut HashMap<usize, Arc<T>>) -> R) -> R {
-        let mut g = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.map.locked();
         f(g.get_or_insert_with(HashMap::new))
     }
 

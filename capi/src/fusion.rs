@@ -1,6 +1,7 @@
 //! Fusion buckets of API.md: handles over the runtime's [`Bucket`]. Conventions (same counts on
 //! every rank, buffer lifetimes, destroy does not flush): docs/c-api.md.
 
+use hccn_runtime::sync::Locked;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
@@ -37,7 +38,7 @@ fn with_bucket(
     guard(|| {
         let b: Arc<Mutex<CBucket>> = BUCKETS.get(bucket, "bucket")?;
         let s = if stream.is_null() { None } else { Some(STREAMS.get(stream, "stream")?) };
-        let mut b = b.lock().unwrap_or_else(|p| p.into_inner());
+        let mut b = b.locked();
         COMMS
             .get(b.comm as *const hccn_comm, "the bucket's communicator")
             .map_err(|e| Error::invalid(format!("{} (destroy buckets before their communicator)", e.message())))?;

@@ -1,5 +1,6 @@
 //! The ACL runtime calls of the double.
 
+use hccn_runtime::sync::Locked;
 use std::cell::{Cell, RefCell};
 use std::ffi::{c_char, c_void, CString};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -32,7 +33,7 @@ static LAUNCHED: Mutex<Vec<(usize, u64)>> = Mutex::new(Vec::new());
 /// Notes that `stream` is given a task now (see [`hung`]).
 pub(crate) fn launched(stream: aclrtStream) {
     let aborts = ABORTS.load(Ordering::SeqCst);
-    let mut l = LAUNCHED.lock().unwrap_or_else(|p| p.into_inner());
+    let mut l = LAUNCHED.locked();
     match l.iter_mut().find(|(k, _)| *k == stream as usize) {
         Some(entry) => entry.1 = aborts,
         None => l.push((stream as usize, aborts)),
@@ -42,8 +43,8 @@ pub(crate) fn launched(stream: aclrtStream) {
 /// Forgets a destroyed stream.
 fn forget(stream: aclrtStream) {
     let key = stream as usize;
-    HUNG.lock().unwrap_or_else(|p| p.into_inner()).retain(|(k, _)| *k != key);
-    LAUNCHED.lock().unwrap_or_else(|p| p.into_inner()).retain(|(k, _)| *k != key);
+    HUNG.locked().retain(|(k, _)| *k != key);
+    LAUNCHED.locked().retain(|(k, _)| *k != key);
 }
 
 /// Like real HCCL, a task whose peer died does not fail: it hangs until the device's tasks are
@@ -57,11 +58,11 @@ fn hung(stream: aclrtStream, e: &hccn_runtime::Error) -> bool {
         return false;
     }
     let key = stream as usize;
-    let launched_at = LAUNCHED.lock().unwrap_or_else(|p| p.into_inner()).iter().find(|(k, _)| *k == key).map(|e| e.1);
+    let launched_at = LAUNCHED.locked().iter().find(|(k, _)| *k == key).map(|e| e.1);
     if launched_at.is_some_and(|a| a != ABORTS.load(Ordering::SeqCst)) {
         return false;
     }
-    let mut h = HUNG.lock().unwrap_or_else(|p| p.into_inner());
+    let mut h = HUNG.locked();
     let since = match h.iter().find(|(k, _)| *k == key) {
         Some(x) => x.1,
         None => {

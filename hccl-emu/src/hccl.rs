@@ -1,5 +1,6 @@
 //! The HCCL calls of the double.
 
+use hccn_runtime::sync::Locked;
 use std::ffi::{c_char, c_void};
 
 use hccn_runtime::{Communicator, DataType, ErrorKind, Op, Ptr, ReduceOp, UniqueId};
@@ -329,7 +330,7 @@ fn launch(
 /// HCCL operations the backend used.
 fn first_call(name: &str) {
     static SEEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    let mut seen = SEEN.locked();
     if !seen.iter().any(|s| s == name) {
         seen.push(name.to_owned());
         tracing::info!("hccl-emu: first {name}");

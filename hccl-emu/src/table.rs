@@ -1,6 +1,7 @@
 //! Handles of the double: opaque pointers that are keys of live objects, so a stale or foreign
 //! handle is an error rather than undefined behaviour.
 
+use hccn_runtime::sync::Locked;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -14,7 +15,7 @@ impl<T> Table<T> {
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut HashMap<usize, Arc<T>>) -> R) -> R {
-        let mut g = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.map.locked();
         f(g.get_or_insert_with(HashMap::new))
     }
 

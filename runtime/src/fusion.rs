@@ -7,6 +7,7 @@
 //! Whether an add flushes depends only on the capacity and the sequence of counts, so ranks that
 //! add the same counts launch the same collectives.
 
+use crate::sync::Locked;
 use std::sync::{Arc, Mutex};
 
 use crate::collectives::check;
@@ -239,7 +240,7 @@ impl Staging {
     /// A buffer of at least `bytes`, reused from `spares` when one is large enough.
     fn take(spares: &Spares, bytes: usize) -> Result<Staging> {
         let reused = {
-            let mut s = spares.lock().unwrap_or_else(|p| p.into_inner());
+            let mut s = spares.locked();
             s.iter().position(|b| b.len() >= bytes).map(|i| s.swap_remove(i))
         };
         let mut block = match reused {
@@ -273,7 +274,7 @@ impl Staging {
 impl Drop for Staging {
     fn drop(&mut self) {
         let Some(block) = self.block.take() else { return };
-        let mut s = self.spares.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.spares.locked();
         s.push(block);
         if s.len() > SPARE_BUFFERS {
             // Keep the largest: they serve every smaller flush too.

@@ -16,6 +16,7 @@ pub mod mem;
 pub mod reduce;
 pub mod rendezvous;
 pub mod stream;
+pub mod sync;
 pub mod trace;
 mod transport;
 pub mod tuning;

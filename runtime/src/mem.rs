@@ -11,6 +11,7 @@
 //! peer checks the file it fetched is the inode the descriptor names, and that a transfer lies
 //! inside it.
 
+use crate::sync::RwLocked;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -99,7 +100,7 @@ pub fn alloc(len: usize) -> Result<NonNull<u8>> {
         return Err(os_error(&format!("mapping {size} bytes of shareable memory")));
     }
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-    let mut regions = REGIONS.write().unwrap_or_else(|e| e.into_inner());
+    let mut regions = REGIONS.write_locked();
     regions.push(Region { base: ptr as usize, len: size, fd, id, ino });
     NonNull::new(ptr.cast()).ok_or_else(|| Error::internal("mmap returned null"))
 }
@@ -110,7 +111,7 @@ pub fn alloc(len: usize) -> Result<NonNull<u8>> {
 /// Nothing may use the memory afterwards (no operation still in flight over it).
 pub unsafe fn free(ptr: *mut u8) -> Result<()> {
     let region = {
-        let mut regions = REGIONS.write().unwrap_or_else(|e| e.into_inner());
+        let mut regions = REGIONS.write_locked();
         let Some(i) = regions.iter().position(|r| r.base == ptr as usize) else {
             return Err(Error::invalid(format!("{ptr:p} was not returned by hccn_mem_alloc (or is freed already)")));
         };
@@ -124,7 +125,7 @@ pub unsafe fn free(ptr: *mut u8) -> Result<()> {
 
 /// The region that holds all of `addr..addr + len`, if it is shareable memory.
 pub(crate) fn find(addr: usize, len: usize) -> Option<RegionRef> {
-    let regions = REGIONS.read().unwrap_or_else(|e| e.into_inner());
+    let regions = REGIONS.read_locked();
     let r = regions.iter().find(|r| addr >= r.base && addr.saturating_add(len) <= r.base + r.len)?;
     Some(RegionRef {
         id: r.id,

@@ -5,12 +5,13 @@
 //! futures without a thread of its own waiting.
 
 use crate::error::{Error, ErrorKind, Result};
-use sync::{mpsc, thread, Arc, Condvar, Mutex, MutexGuard};
+use sync::{mpsc, thread, Arc, Condvar, Locked, Mutex, MutexGuard, Waits};
 
 /// The synchronisation this module uses: std's, or loom's under `--cfg loom` so that
 /// `cargo test --lib stream` with `RUSTFLAGS="--cfg loom"` model-checks every interleaving.
 #[cfg(not(loom))]
 mod sync {
+    pub(crate) use crate::sync::{Locked, Waits};
     pub(crate) use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
     pub(crate) use std::thread;
 }
@@ -20,10 +21,28 @@ mod sync {
     pub(crate) use loom::sync::{Arc, Condvar, Mutex, MutexGuard};
     pub(crate) use loom::thread;
 
+    /// crate::sync's helpers for loom's types: the same poison policy.
+    pub(crate) trait Locked<T> {
+        fn locked(&self) -> MutexGuard<'_, T>;
+    }
+    impl<T> Locked<T> for Mutex<T> {
+        fn locked(&self) -> MutexGuard<'_, T> {
+            self.lock().unwrap_or_else(|p| p.into_inner())
+        }
+    }
+    pub(crate) trait Waits {
+        fn wait_locked<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T>;
+    }
+    impl Waits for Condvar {
+        fn wait_locked<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+            self.wait(guard).unwrap_or_else(|p| p.into_inner())
+        }
+    }
+
     /// std's channel (a hang-up ends `recv`) from loom's primitives; loom's own mpsc cannot
     /// report a hang-up, which is how a stream's worker learns to exit.
     pub(crate) mod mpsc {
-        use super::{Arc, Condvar, Mutex};
+        use super::{Arc, Condvar, Locked, Mutex, Waits};
         use std::collections::VecDeque;
 
         struct Chan<T> {
@@ -41,7 +60,7 @@ mod sync {
 
         impl<T> Sender<T> {
             pub(crate) fn send(&self, v: T) -> Result<(), T> {
-                self.0.state.lock().unwrap_or_else(|p| p.into_inner()).0.push_back(v);
+                self.0.state.locked().0.push_back(v);
                 self.0.ready.notify_one();
                 Ok(())
             }
@@ -49,14 +68,14 @@ mod sync {
 
         impl<T> Drop for Sender<T> {
             fn drop(&mut self) {
-                self.0.state.lock().unwrap_or_else(|p| p.into_inner()).1 -= 1;
+                self.0.state.locked().1 -= 1;
                 self.0.ready.notify_one();
             }
         }
 
         impl<T> Receiver<T> {
             pub(crate) fn recv(&self) -> Result<T, ()> {
-                let mut g = self.0.state.lock().unwrap_or_else(|p| p.into_inner());
+                let mut g = self.0.state.locked();
                 loop {
                     if let Some(v) = g.0.pop_front() {
                         return Ok(v);
@@ -64,7 +83,7 @@ mod sync {
                     if g.1 == 0 {
                         return Err(());
                     }
-                    g = self.0.ready.wait(g).unwrap_or_else(|p| p.into_inner());
+                    g = self.0.ready.wait_locked(g);
                 }
             }
         }
@@ -100,13 +119,13 @@ impl Shared {
     }
 
     fn lock(&self) -> MutexGuard<'_, Progress> {
-        self.progress.lock().unwrap_or_else(|p| p.into_inner())
+        self.progress.locked()
     }
 
     fn wait_for(&self, ticket: u64) -> Result<()> {
         let mut p = self.lock();
         while p.completed < ticket {
-            p = self.changed.wait(p).unwrap_or_else(|e| e.into_inner());
+            p = self.changed.wait_locked(p);
         }
         p.error.clone().map_or(Ok(()), Err)
     }
@@ -179,7 +198,7 @@ impl Stream {
     }
 
     fn send(&self, p: &mut MutexGuard<'_, Progress>, item: Item) -> Result<()> {
-        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        let tx = self.tx.locked();
         let tx = tx.as_ref().ok_or_else(|| Error::invalid("the stream is being destroyed"))?;
         tx.send(item).map_err(|_| Error::internal("stream worker is gone"))?;
         p.enqueued += 1;
@@ -205,8 +224,8 @@ impl Stream {
 impl Drop for Stream {
     fn drop(&mut self) {
         // Closing the channel lets the worker finish the queue and exit.
-        self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(w) = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        self.tx.locked().take();
+        if let Some(w) = self.worker.locked().take() {
             let _ = w.join();
         }
     }
@@ -237,11 +256,11 @@ impl Event {
     /// Marks everything queued on `stream` so far; `None` (the blocking stream) is complete at once.
     pub fn record(&self, stream: Option<&Stream>) {
         let mark = stream.map(|s| (s.shared.clone(), s.shared.lock().enqueued));
-        *self.mark.lock().unwrap_or_else(|e| e.into_inner()) = mark;
+        *self.mark.locked() = mark;
     }
 
     fn mark(&self) -> Option<(Arc<Shared>, u64)> {
-        self.mark.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.mark.locked().clone()
     }
 
     /// `Ok(true)` once the marked work is done (or nothing was recorded), else `Ok(false)`;

@@ -7,6 +7,7 @@
 //! rewritten whole by [`flush`]: at process exit (an `atexit` hook installed with the recorder),
 //! when an operation fails, and whenever the program calls it.
 
+use crate::sync::Locked;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -137,7 +138,7 @@ fn push(start: Start, world_rank: u32, kind: Kind) {
         dur_ns: ns(t0.elapsed()),
         tid: thread_id(),
     };
-    let mut ev = rec.events.lock().unwrap_or_else(|p| p.into_inner());
+    let mut ev = rec.events.locked();
     ev.rank.get_or_insert(world_rank);
     if ev.list.len() < MAX_EVENTS {
         ev.list.push(event);
@@ -172,7 +173,7 @@ pub(crate) fn started_ago(ago: std::time::Duration) -> Start {
 /// fail the program.
 pub fn flush() {
     let Some(rec) = recorder() else { return };
-    let ev = rec.events.lock().unwrap_or_else(|p| p.into_inner());
+    let ev = rec.events.locked();
     if ev.list.is_empty() && ev.dropped == 0 {
         return;
     }

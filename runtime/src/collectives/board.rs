@@ -11,6 +11,7 @@
 //! announces whether all succeeded. If not, every board operation of the communicator runs
 //! recursive doubling instead; all ranks know the same verdict.
 
+use crate::sync::{Locked, Waits};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::Instant;
@@ -88,7 +89,7 @@ impl BoardCell {
 
     /// False once the set-up failed: the board operations run recursive doubling.
     pub fn is_on(&self) -> bool {
-        self.board.get().is_some() || !*self.setup_done.lock().unwrap_or_else(|p| p.into_inner())
+        self.board.get().is_some() || !*self.setup_done.locked()
     }
 
     fn decide(&self, board: Option<Board>) -> Option<&Board> {
@@ -96,7 +97,7 @@ impl BoardCell {
             // Only turn 0 decides, once.
             let _ = self.board.set(b);
         }
-        *self.setup_done.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        *self.setup_done.locked() = true;
         self.decided.notify_all();
         self.board.get()
     }
@@ -116,7 +117,7 @@ impl BoardCell {
             };
         }
         let deadline = Instant::now() + ctx.timeout();
-        let mut s = self.setup_done.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.setup_done.locked();
         loop {
             if *s {
                 return Ok(self.board.get());
@@ -126,7 +127,7 @@ impl BoardCell {
             if left.is_zero() {
                 return Err(Error::timeout("the communicator's first small allreduce never ran (HCCN_TIMEOUT_MS)"));
             }
-            s = self.decided.wait_timeout(s, left).unwrap_or_else(|p| p.into_inner()).0;
+            s = self.decided.wait_locked_for(s, left);
         }
     }
 }

@@ -3,6 +3,7 @@
 //! and turns that into the error a wait ends with. The communicator (comm/) owns one and adds
 //! what only it needs: sequence numbers, groups, agreement, the store.
 
+use crate::sync::Locked;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -286,7 +287,7 @@ impl Team {
             ErrorKind::RankFailed => self.net.inbox.health(|h| self.status(h)).unwrap_or(e),
             _ => e,
         };
-        let mut slot = self.async_error.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = self.async_error.locked();
         if slot.is_none() && e.kind() != ErrorKind::Timeout {
             *slot = Some(e.clone());
         }

@@ -20,6 +20,7 @@
 //! The state machine does no I/O (events in, messages out, quinn-style), so the protocol is
 //! simulated at thousands of ranks in tests and benches (`agree_sim.rs`).
 
+use crate::sync::Locked;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
@@ -470,7 +471,7 @@ pub(crate) fn agree(c: &CommInner) -> Result<Vec<u32>> {
     let _span = tracing::debug_span!("agree", instance, rank = c.rank).entered();
     let n = c.members.len() as u32;
     let deadline = Instant::now() + c.timeout;
-    let mut slot = c.agreement.lock().unwrap_or_else(|p| p.into_inner());
+    let mut slot = c.agreement.locked();
     let a = slot.get_or_insert_with(|| Agreement::new(n, c.rank, c.store_decides()));
     loop {
         // Counted before the failures are read: one that lands in between ends the wait below.

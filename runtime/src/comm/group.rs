@@ -2,6 +2,7 @@
 //! and `split` (collective, MPI_Comm_split). Both reuse the parent's connections; the child's
 //! id is derived identically on every member, so no extra round trip is needed for groups.
 
+use crate::sync::Locked;
 use std::sync::atomic::Ordering;
 
 use super::{derive_id, CommInner, Communicator};
@@ -34,7 +35,7 @@ impl Communicator {
             .position(|&r| r == self.rank())
             .ok_or_else(|| Error::invalid(format!("new_group: the calling rank {} is not in the list", self.rank())))?;
         let nth = {
-            let mut seqs = self.inner.group_seq.lock().unwrap_or_else(|p| p.into_inner());
+            let mut seqs = self.inner.group_seq.locked();
             let n = seqs.entry(ranks.to_vec()).or_insert(0);
             *n += 1;
             *n

@@ -1,6 +1,7 @@
 //! Building a world communicator: through a unique id (`hccn_get_unique_id` +
 //! `hccn_comm_init_rank`) or from the launcher's environment (`hccn_init_from_env`).
 
+use crate::sync::Locked;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -54,7 +55,7 @@ pub fn new_unique_id(cfg: &Config) -> Result<UniqueId> {
 }
 
 fn id_stores() -> std::sync::MutexGuard<'static, IdStores> {
-    ID_STORES.lock().unwrap_or_else(|p| p.into_inner())
+    ID_STORES.locked()
 }
 
 /// The store of `id` if this process made it, for a communicator made from it to keep alive;
@@ -99,7 +100,7 @@ impl Origin {
 /// Keeps `thing` as long as the world's communicators live in this process.
 fn hold(origin: &Origin, thing: Option<Box<dyn Send>>) {
     if let Some(thing) = thing {
-        origin.keep.lock().unwrap_or_else(|p| p.into_inner()).push(thing);
+        origin.keep.locked().push(thing);
     }
 }
 

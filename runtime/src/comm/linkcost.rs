@@ -9,6 +9,7 @@
 //! travel as collective frames (so that they take the data path being measured) of a
 //! communicator id of their own, which no user communicator has.
 
+use crate::sync::Locked;
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -232,7 +233,7 @@ impl Probe<'_> {
 }
 
 fn lock() -> std::sync::MutexGuard<'static, Vec<(TransportKind, bool, LinkCost)>> {
-    MEASURED.lock().unwrap_or_else(|p| p.into_inner())
+    MEASURED.locked()
 }
 
 /// `measured`, or the built-in figures of `kind` if it is out of range (a disturbed run).

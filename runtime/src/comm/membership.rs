@@ -3,6 +3,7 @@
 //! without being withdrawn (its lease expired: the process died or froze) marks that rank
 //! failed: a backstop to the heartbeats that works even when they are off or a link is quiet.
 
+use crate::sync::Locked;
 use std::sync::{Arc, Mutex, Weak};
 
 use super::{CommInner, Communicator, Origin};
@@ -14,7 +15,7 @@ pub(crate) struct MemberSlot(Mutex<Option<Member>>);
 
 impl MemberSlot {
     fn fill(&self, member: Member) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(member);
+        *self.0.locked() = Some(member);
     }
 }
 

@@ -16,6 +16,7 @@ pub(crate) mod view;
 // What the algorithm selection would do, for tools.
 mod plan;
 
+use crate::sync::Locked;
 use std::collections::HashMap;
 
 pub(crate) use crate::collectives::team::{Setup, Team, BROKEN_MARK};
@@ -197,7 +198,7 @@ impl CommInner {
     }
 
     fn next_p2p(&self, is_send: bool, peer: u32) -> u64 {
-        let mut s = self.p2p_seq.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.p2p_seq.locked();
         let v = if is_send { &mut s.0 } else { &mut s.1 };
         let seq = v[peer as usize];
         v[peer as usize] += 1;
@@ -270,7 +271,7 @@ impl Communicator {
     /// operation met; `Ok` when healthy.
     pub fn async_error(&self) -> Result<()> {
         self.inner.check(true)?;
-        match self.inner.async_error.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+        match self.inner.async_error.locked().clone() {
             Some(e) => Err(e),
             None => Ok(()),
         }

@@ -9,6 +9,7 @@
 //! an error and closed), and every wait has an end: the handshake, the rest of a request once
 //! its first byte came, writing a reply, an idle client, and a GET.
 
+use crate::sync::{Locked, Waits};
 use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -73,7 +74,7 @@ struct Data {
 
 impl Data {
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Vec<u8>>> {
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
+        self.map.locked()
     }
 }
 
@@ -84,7 +85,7 @@ struct Conns(Mutex<VecDeque<(u64, TcpStream, bool)>>);
 
 impl Conns {
     fn lock(&self) -> MutexGuard<'_, VecDeque<(u64, TcpStream, bool)>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.0.locked()
     }
 
     fn push(&self, id: u64, conn: TcpStream) {
@@ -132,7 +133,7 @@ impl RefusalLog {
     }
 
     fn note(log: &Mutex<RefusalLog>, what: std::fmt::Arguments<'_>) {
-        let mut l = log.lock().unwrap_or_else(|p| p.into_inner());
+        let mut l = log.locked();
         if l.since.elapsed() >= LOG_EVERY {
             if l.quiet > 0 {
                 tracing::warn!("store: {} more connection(s) refused or closed in the last {:?}", l.quiet, LOG_EVERY);
@@ -450,7 +451,7 @@ fn serve(conn: &mut impl RequestSource, data: &Data, stop: &AtomicBool, max_wait
                         break None;
                     }
                     let wait = (deadline - now).min(Duration::from_millis(500));
-                    map = data.changed.wait_timeout(map, wait).map(|(g, _)| g).unwrap_or_else(|p| p.into_inner().0);
+                    map = data.changed.wait_locked_for(map, wait);
                 };
                 drop(map);
                 match found {
@@ -563,7 +564,7 @@ impl TcpStore {
         msg.extend_from_slice(key.as_bytes());
         msg.extend_from_slice(&(val.len() as u32).to_le_bytes());
         msg.extend_from_slice(val);
-        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = self.conn.locked();
         if guard.1.elapsed() >= IDLE_LIMIT / 2 {
             // The store closes clients idle for IDLE_LIMIT: start afresh well before that.
             guard.0 = TcpStore::dial(self.addr, &self.token, self.timeout, self.timeout)?;

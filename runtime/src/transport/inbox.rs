@@ -2,6 +2,7 @@
 //! knows of its peers' health (lost, departed, lost links others reported, revoked and abandoned
 //! operations), which ends the waits that cannot complete.
 
+use crate::sync::{Locked, Waits};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -119,7 +120,7 @@ pub(crate) fn departure(rank: u32, news: &[(u32, Fault)]) -> Error {
 
 impl Inbox {
     fn lock(&self) -> MutexGuard<'_, InboxState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.locked()
     }
 
     fn bump(&self) {
@@ -167,7 +168,7 @@ impl Inbox {
     /// Sleeps on `changed` for at most `wait`, counted in `sleepers` meanwhile.
     fn sleep<'a>(&self, st: MutexGuard<'a, InboxState>, wait: Duration) -> MutexGuard<'a, InboxState> {
         self.sleepers.fetch_add(1, Ordering::SeqCst);
-        let st = self.changed.wait_timeout(st, wait).map(|(g, _)| g).unwrap_or_else(|p| p.into_inner().0);
+        let st = self.changed.wait_locked_for(st, wait);
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
         st
     }
@@ -255,11 +256,11 @@ impl Inbox {
 
     /// What wakes the thread that tells peers of this rank's losses (see `heartbeat.rs`).
     pub fn set_announcer(&self, waker: Arc<waker::Waker>) {
-        *self.announcer.lock().unwrap_or_else(|p| p.into_inner()) = Some(waker);
+        *self.announcer.locked() = Some(waker);
     }
 
     fn wake_announcer(&self) {
-        if let Some(w) = self.announcer.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+        if let Some(w) = self.announcer.locked().as_ref() {
             w.wake();
         }
     }

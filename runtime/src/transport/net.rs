@@ -1,6 +1,7 @@
 //! A world of processes as this rank reaches it: one link per peer, shared memory to the peers
 //! on this host, the inbox, and the watchdog.
 
+use crate::sync::RwLocked;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,7 +27,7 @@ pub(crate) struct LinkTable {
 
 impl LinkTable {
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Vec<Option<Peer>>> {
-        self.peers.read().unwrap_or_else(|p| p.into_inner())
+        self.peers.read_locked()
     }
 
     pub fn get(&self, rank: u32) -> Option<Arc<dyn Link>> {
@@ -49,7 +50,7 @@ impl LinkTable {
 
     /// Adds the peer that `make` builds for the next world rank, and returns that rank.
     fn add(&self, make: impl FnOnce(u32) -> Result<Peer>) -> Result<u32> {
-        let mut peers = self.peers.write().unwrap_or_else(|p| p.into_inner());
+        let mut peers = self.peers.write_locked();
         let rank = peers.len() as u32;
         peers.push(Some(make(rank)?));
         Ok(rank)

@@ -3,6 +3,7 @@
 //! trip through malloc per message. A bounded pool of recently freed buffers makes the steady
 //! state allocate nothing at any size.
 
+use crate::sync::Locked;
 use std::sync::Mutex;
 
 /// Bytes the pool may hold in large buffers (a few chunks in flight per peer).
@@ -29,7 +30,7 @@ pub(crate) fn take(len: usize) -> Vec<u8> {
     if len == 0 {
         return Vec::new();
     }
-    let found = POOL.lock().unwrap_or_else(|p| p.into_inner()).take(len);
+    let found = POOL.locked().take(len);
     // A fresh allocation happens outside the lock.
     found.unwrap_or_else(|| Vec::with_capacity(if len <= SMALL_MAX { small_class(len).1 } else { len }))
 }
@@ -37,7 +38,7 @@ pub(crate) fn take(len: usize) -> Vec<u8> {
 /// Returns a buffer whose contents are no longer needed.
 pub(crate) fn give(buf: Vec<u8>) {
     // A buffer not kept is freed outside the lock.
-    let not_kept = POOL.lock().unwrap_or_else(|p| p.into_inner()).give(buf);
+    let not_kept = POOL.locked().give(buf);
     drop(not_kept);
 }
 

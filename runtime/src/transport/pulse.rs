@@ -10,6 +10,7 @@
 //! learns its peers' pulse addresses from a `PulseHello` frame on their connection, and knows a
 //! pulse's sender by its address (ranks number each other differently once replacements join).
 
+use crate::sync::Locked;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -93,7 +94,7 @@ impl Pulse {
             let Some(rank) = rank_at(from).map(|r| r as usize).filter(|&r| r < peers) else { continue };
             let counter = u64::from_le_bytes([b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11]]);
             let now = self.start.elapsed().as_millis() as u64;
-            let mut heard = self.heard.lock().unwrap_or_else(|p| p.into_inner());
+            let mut heard = self.heard.locked();
             if heard.len() < peers {
                 heard.resize(peers, (0, 0));
             }
@@ -105,7 +106,7 @@ impl Pulse {
 
     /// Time since the last pulse from world rank `rank`; `None` if none came yet.
     pub fn silent_for(&self, rank: u32) -> Option<Duration> {
-        let heard = self.heard.lock().unwrap_or_else(|p| p.into_inner());
+        let heard = self.heard.locked();
         let &(counter, at) = heard.get(rank as usize)?;
         (counter > 0).then(|| self.start.elapsed().saturating_sub(Duration::from_millis(at)))
     }

@@ -1,6 +1,7 @@
 //! The sending side of the rings: frames into slots, descriptors, and waiting for (or
 //! withdrawing) what the peer has yet to read.
 
+use crate::sync::Locked;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -44,7 +45,7 @@ impl Shm {
     ) -> Result<Option<u64>> {
         let Some(p) = self.peer(dst) else { return Err(Error::internal(format!("no shared memory to {dst}"))) };
         let head = hdr.encode();
-        let mut tx = p.tx_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut tx = p.tx_lock.locked();
         let tx = &mut *tx;
         let region = if desc { crate::mem::find(payload.as_ptr() as usize, payload.len()) } else { None };
         let d = Desc { addr: payload.as_ptr() as u64, len: payload.len() as u64, index: tx.posted, region };

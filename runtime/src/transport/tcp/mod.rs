@@ -10,6 +10,7 @@ mod channel;
 mod io;
 mod reader;
 
+use crate::sync::Locked;
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -63,14 +64,14 @@ impl LastHeard {
 impl Link for TcpLink {
     fn send(&self, hdr: &FrameHeader, payload: &[u8]) -> std::io::Result<()> {
         let head = hdr.encode();
-        let sock = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let sock = self.writer.locked();
         send_all(&sock, &head, payload)
     }
 
     fn close(&self, goodbye: Option<&[u8]>) {
         self.closing.store(true, Ordering::SeqCst);
         if let Some(news) = goodbye {
-            let sock = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+            let sock = self.writer.locked();
             let hdr = FrameHeader { len: news.len() as u64, ..GOODBYE };
             let _ = send_all(&sock, &hdr.encode(), news);
         }
@@ -78,7 +79,7 @@ impl Link for TcpLink {
         unsafe { libc::shutdown(self.fd, libc::SHUT_RDWR) };
         // A reader standing aside (see `poll`) sees `closing` at once.
         futex_wake(&self.polled);
-        if let Some(t) = self.reader.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(t) = self.reader.locked().take() {
             let _ = t.join();
         }
         tracing::debug!(peer = self.peer, graceful = goodbye.is_some(), "link closed");

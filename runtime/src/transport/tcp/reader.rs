@@ -2,6 +2,7 @@
 //! (goodbye, suspicions, evictions, abandons, introductions, revokes), marks the link heard as
 //! bytes arrive, and stands aside while receives take their own frames.
 
+use crate::sync::Locked;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -96,7 +97,7 @@ pub(super) fn reader_loop(sock: TcpStream, r: Reader) {
         if aside() {
             continue;
         }
-        let _reading = reading.lock().unwrap_or_else(|p| p.into_inner());
+        let _reading = reading.locked();
         if let Err(e) = discard_skipped(fd, &skip, 0) {
             break lost(&e);
         }
