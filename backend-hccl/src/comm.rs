@@ -335,7 +335,7 @@ impl HcclCommunicator {
     /// HCCL has no such operation or data type (after the stream's earlier work is done).
     ///
     /// # Safety
-    /// The buffers of `op` are device memory valid until the operation completes (API.md).
+    /// The buffers of `op` are device memory valid until the operation completes (docs/c-api.md).
     pub unsafe fn submit(&self, op: Op, stream: Option<&AclStream>, host: Option<&hccn_runtime::Stream>) -> Result<()> {
         self.s.backend.bind()?;
         let work = match self.s.native.precheck(&op) {

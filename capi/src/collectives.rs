@@ -1,4 +1,4 @@
-//! Collective functions of API.md. Each converts its C arguments and hands an [`Op`] to the
+//! Collective functions of docs/c-api.md. Each converts its C arguments and hands an [`Op`] to the
 //! runtime's one validating entry point, `Communicator::submit`.
 
 use std::ffi::c_void;
@@ -26,7 +26,7 @@ fn submit(comm: *mut hccn_comm, stream: *mut hccn_stream, build: impl FnOnce(u32
                         "stream wraps an aclrtStream (HCCL backend) but comm is a native communicator",
                     ));
                 }
-                // SAFETY: the C caller promises the buffers of `op` as API.md describes, until
+                // SAFETY: the C caller promises the buffers of `op` as docs/c-api.md describes, until
                 // the operation completes (return for a NULL stream, the stream's progress otherwise).
                 unsafe { n.submit(op, s.as_deref().map(|s| &s.host))? }
             }

@@ -1,4 +1,4 @@
-//! Communicator functions of API.md: creation, queries, groups, destruction and failures.
+//! Communicator functions of docs/c-api.md: creation, queries, groups, destruction and failures.
 
 use hccn_runtime::{Error, LaunchEnv, UniqueId};
 
@@ -10,7 +10,7 @@ use crate::types::{hccn_comm, hccn_result, hccn_unique_id, HCCN_SUCCESS};
 pub(crate) static COMMS: Table<CommHandle> = Table::new("communicator");
 
 /// A program that exits without destroying its communicators is a failure to its peers, as a
-/// crash is: they learn it from the closed connections at once (API.md: destroy to leave).
+/// crash is: they learn it from the closed connections at once (docs/c-api.md: destroy to leave).
 fn register(out: *mut *mut hccn_comm, comm: CommHandle) {
     write(out, COMMS.insert(comm));
 }
@@ -39,7 +39,7 @@ pub unsafe extern "C" fn hccn_comm_init_rank(
         if id.is_null() {
             return Err(Error::null("id is NULL"));
         }
-        // SAFETY: non-NULL; the caller passes a hccn_unique_id (API.md).
+        // SAFETY: non-NULL; the caller passes a hccn_unique_id (docs/c-api.md).
         let bytes = unsafe { (*id).internal };
         let uid = UniqueId::from_bytes(&bytes)?;
         let c = CommHandle::init_rank(&uid, nranks, rank, &crate::config()?)?;

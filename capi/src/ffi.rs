@@ -80,7 +80,7 @@ impl<T> Table<T> {
 /// Writes `value` through an output pointer that has already been checked for NULL.
 pub(crate) fn write<T>(out: *mut T, value: T) {
     // SAFETY: callers check `out` with `out_ptr` first; the C caller promises it points to
-    // writable memory for one T (API.md: output parameters).
+    // writable memory for one T (docs/c-api.md: output parameters).
     unsafe { out.write(value) }
 }
 
@@ -99,7 +99,7 @@ pub(crate) fn array<T: Copy>(p: *const T, n: usize, arg: &str) -> Result<Vec<T>>
     if p.is_null() {
         return Err(Error::null(format!("{arg} is NULL")));
     }
-    // SAFETY: non-NULL, and the C caller promises `n` readable elements (API.md).
+    // SAFETY: non-NULL, and the C caller promises `n` readable elements (docs/c-api.md).
     Ok(unsafe { std::slice::from_raw_parts(p, n) }.to_vec())
 }
 

@@ -1,4 +1,4 @@
-//! Fusion buckets of API.md: handles over the runtime's [`Bucket`]. Conventions (same counts on
+//! Fusion buckets of docs/c-api.md: handles over the runtime's [`Bucket`]. Conventions (same counts on
 //! every rank, buffer lifetimes, destroy does not flush): docs/c-api.md.
 
 use hccn_runtime::sync::Locked;
@@ -79,7 +79,7 @@ pub unsafe extern "C" fn hccn_bucket_add(
     stream: *mut hccn_stream,
 ) -> hccn_result {
     with_bucket(bucket, stream, |b, s| match b {
-        // SAFETY: the C caller promises `buf` as API.md and docs/c-api.md describe (valid until
+        // SAFETY: the C caller promises `buf` as docs/c-api.md describe (valid until
         // the flush that covers it completes).
         AnyBucket::Native(b) => unsafe { b.add(Ptr::from_mut(buf), count, s.map(|s| &s.host)) },
         // SAFETY: as above; on this backend `buf` is device memory.

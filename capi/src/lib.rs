@@ -1,8 +1,8 @@
-//! hccn's C ABI (API.md). Every exported body runs inside [`ffi::guard`]; pointers become Rust
+//! hccn's C ABI (docs/c-api.md). Every exported body runs inside [`ffi::guard`]; pointers become Rust
 //! values only through `ffi`; the runtime does the work. `include/hccn.h` is generated from this
 //! crate by cbindgen (see `tests/header.rs`).
 
-#![allow(clippy::missing_safety_doc)] // The safety contract of every function is API.md.
+#![allow(clippy::missing_safety_doc)] // The safety contract of every function is docs/c-api.md.
 
 mod backend;
 mod collectives;

@@ -1,4 +1,4 @@
-//! Streams and events of API.md.
+//! Streams and events of docs/c-api.md.
 
 use std::ffi::c_void;
 use std::sync::Arc;

@@ -1,4 +1,4 @@
-//! The C types of API.md. Enum parameters are raw integers on the Rust side, so that an unknown
+//! The C types of docs/c-api.md. Enum parameters are raw integers on the Rust side, so that an unknown
 //! value from C is an error and never undefined behaviour; the header declares them as the C
 //! enums of the contract (see [`header_enums`]).
 
