@@ -8,45 +8,63 @@ use crate::error::{Error, Result};
 use crate::rendezvous::{EtcdAccess, StoreAddr};
 use crate::tuning::{AlgoChoice, LinkCost, LinkCosts, TransportKind, LINK_ALPHA_US, LINK_GBPS};
 
-/// One documented variable: name, default (as text), meaning.
+/// One documented variable: name, default, meaning.
 #[derive(Debug, Clone, Copy)]
 pub struct Variable {
     pub name: &'static str,
-    pub default: &'static str,
+    pub default: DefaultIs,
     pub meaning: &'static str,
 }
 
+/// A variable's default as the README shows it: read from [`Config::default`] where the default
+/// is a value, so the number lives in one place; text where it is a rule ("set by hccnrun").
+#[derive(Debug, Clone, Copy)]
+pub enum DefaultIs {
+    Text(&'static str),
+    Value(fn(&Config) -> String),
+}
+
+impl Variable {
+    /// The README's default cell.
+    pub fn default_text(&self) -> String {
+        match self.default {
+            DefaultIs::Text(t) => t.to_owned(),
+            DefaultIs::Value(f) => format!("`{}`", f(&Config::default())),
+        }
+    }
+}
+
 pub const VARIABLES: &[Variable] = &[
-    Variable { name: "HCCN_RANK", default: "(set by hccnrun)", meaning: "This process's rank in the world communicator (`hccn_init_from_env`)." },
-    Variable { name: "HCCN_WORLD_SIZE", default: "(set by hccnrun)", meaning: "Number of ranks in the world communicator." },
-    Variable { name: "HCCN_LOCAL_RANK", default: "`HCCN_RANK`", meaning: "Rank among the processes on this host." },
-    Variable { name: "HCCN_LOCAL_WORLD_SIZE", default: "`HCCN_WORLD_SIZE`", meaning: "Number of ranks on this host." },
-    Variable { name: "HCCN_STORE", default: "(set by hccnrun)", meaning: "Rendezvous store, `tcp://host:port` (the embedded store hosted by hccnrun)." },
-    Variable { name: "HCCN_JOB_ID", default: "`default`", meaning: "Job name; namespaces the job's keys in the store." },
-    Variable { name: "HCCN_JOB_TOKEN", default: "(empty)", meaning: "Shared secret for the HMAC-SHA256 challenge-response on every store and peer connection; hccnrun makes a fresh one per job." },
-    Variable { name: "HCCN_TIMEOUT_MS", default: "`30000`", meaning: "Deadline of every wait (connect, rendezvous, each receive); exceeded waits fail with `HCCN_ERROR_TIMEOUT`. Like `HCCL_EXEC_TIMEOUT`, in ms." },
-    Variable { name: "HCCN_BIND_ADDR", default: "`127.0.0.1`", meaning: "Address that ranks and the embedded store listen on (never all interfaces unless asked)." },
-    Variable { name: "HCCN_CHUNK_BYTES", default: "`524288`", meaning: "Largest pipeline chunk of the algorithms (4 KiB .. 8 MiB); the cost model may choose smaller chunks per operation." },
-    Variable { name: "HCCN_ALGO", default: "`auto`", meaning: "Algorithm of the collectives that have a choice (allreduce above all): `auto` (the cost model decides per operation), `ring`, `rhd` (recursive halving-doubling), `tree`, `hier`; see docs/algorithms.md. An algorithm that cannot run an allreduce on the communicator is an error." },
-    Variable { name: "HCCN_LINK_COST", default: "`measure`", meaning: "Latency and bandwidth per transport for the cost model: `measure` (world rank 0 times a shared-memory and a TCP peer when the world forms, about 20 small and 3 1-MiB round trips each, and sends the figures to every rank), `default` (the built-in figures), or a list such as `shm=0.8us:9GB/s,tcp=40us:2.2GB/s` (kinds `shm`, `tcp`, `local`; units `us`/`ms` and `GB/s`/`MB/s`; unnamed kinds keep the built-in figures). World rank 0's setting is the one every rank uses; see docs/algorithms.md." },
-    Variable { name: "HCCN_HEARTBEAT_MS", default: "`100`", meaning: "Interval of the heartbeat each rank sends on every connection; `0` turns heartbeats (and silence detection) off." },
-    Variable { name: "HCCN_DEAD_AFTER_MS", default: "`800`", meaning: "A peer silent this long (no frame, no heartbeat, nothing waiting in its socket) is declared failed: a frozen process or a cut link. Raise it where ranks may stall longer without being dead (dead versus slow)." },
-    Variable { name: "HCCN_ETCD_CA", default: "(plain gRPC)", meaning: "With an `etcd://` store: PEM file of the CA that signed the etcd members' certificates. Setting it turns TLS on for every connection to etcd; the members' certificates must name the hosts (or IP addresses) of `HCCN_STORE`." },
-    Variable { name: "HCCN_ETCD_CERT", default: "(none)", meaning: "With `HCCN_ETCD_CA`: PEM file of this process's client certificate, for an etcd started with `--client-cert-auth`. Goes with `HCCN_ETCD_KEY`." },
-    Variable { name: "HCCN_ETCD_KEY", default: "(none)", meaning: "PEM file of the private key of `HCCN_ETCD_CERT`." },
-    Variable { name: "HCCN_ETCD_USER", default: "(none)", meaning: "etcd user to log in as, for an etcd with authentication enabled (`etcdctl auth enable`); it needs read and write access to the keys under `/hccn/`. Goes with `HCCN_ETCD_PASSWORD`." },
-    Variable { name: "HCCN_ETCD_PASSWORD", default: "(none)", meaning: "Password of `HCCN_ETCD_USER` (never logged)." },
-    Variable { name: "HCCN_LEASE_TTL_S", default: "`2`", meaning: "With an etcd store, each world communicator's membership key lives on a lease of this many seconds, kept alive in the background: a backstop that declares a rank failed when its process dies or freezes, even with heartbeats off (1 .. 3600; etcd may round it up)." },
-    Variable { name: "HCCN_TRACE", default: "(off)", meaning: "Directory where each rank writes a Chrome trace-event file `hccn-trace-<job>-<rank>.json` (one event per operation and per transfer); see docs/observability.md." },
-    Variable { name: "HCCN_TRANSPORT", default: "`auto`", meaning: "Data transport between ranks: `auto` (shared memory between ranks on one host, TCP between hosts), `tcp` (TCP everywhere), `shm` (shared memory, and an error if a peer is on another host). TCP always stays for control and failure detection." },
-    Variable { name: "HCCN_BOARD_BYTES", default: "`4096`", meaning: "Largest allreduce (in bytes) that a communicator whose ranks all share one host runs on its shared-memory board: one round in which each rank posts its buffer and folds everyone's (see docs/algorithms.md); `0` sends such allreduces as messages (recursive doubling). At most 4096." },
-    Variable { name: "HCCN_CMA", default: "`auto`", meaning: "Single-copy reads of large shared-memory messages with `process_vm_readv` (cross-memory attach): `auto` (used between two ranks when a probe at connection shows the kernel permits it, and, where the host's ranks outnumber its cores, only for buffers from `hccn_mem_alloc`) or `off` (every byte goes through the shared-memory rings)." },
-    Variable { name: "HCCN_LOG", default: "`warn`", meaning: "Log filter: a level (`off`, `error`, `warn`, `info`, `debug`, `trace`) or a comma-separated list of levels and `target=level` items (tracing's syntax); any other value is refused. Logs go to stderr." },
-    Variable { name: "HCCN_BACKEND", default: "`native`", meaning: "Data path of new communicators: `native` (hccn's TCP runtime) or `hccl` (Huawei HCCL on Ascend NPUs, loaded at run time; see docs/hccl.md)." },
-    Variable { name: "HCCN_HCCL_LIB", default: "(search)", meaning: "Path of `libhccl.so` for `HCCN_BACKEND=hccl`; else `$ASCEND_HOME_PATH/lib64`, `$ASCEND_TOOLKIT_HOME/lib64`, then the loader's search path." },
-    Variable { name: "HCCN_ACL_LIB", default: "(search)", meaning: "Path of `libascendcl.so` for `HCCN_BACKEND=hccl`; searched like `HCCN_HCCL_LIB`." },
-    Variable { name: "HCCN_DEVICE_ID", default: "`HCCN_LOCAL_RANK`", meaning: "NPU that this process binds with `aclrtSetDevice` (`HCCN_BACKEND=hccl`); else the local rank, else 0." },
-    Variable { name: "HCCN_LIB", default: "(in the package)", meaning: "Path of a `libhccn.so` for the Python package `hccn` to load instead of its own `hccn/lib/libhccn.so.1` (read by bindings/python only)." },
+    Variable { name: "HCCN_RANK", default: DefaultIs::Text("(set by hccnrun)"), meaning: "This process's rank in the world communicator (`hccn_init_from_env`)." },
+    Variable { name: "HCCN_WORLD_SIZE", default: DefaultIs::Text("(set by hccnrun)"), meaning: "Number of ranks in the world communicator." },
+    Variable { name: "HCCN_LOCAL_RANK", default: DefaultIs::Text("`HCCN_RANK`"), meaning: "Rank among the processes on this host." },
+    Variable { name: "HCCN_LOCAL_WORLD_SIZE", default: DefaultIs::Text("`HCCN_WORLD_SIZE`"), meaning: "Number of ranks on this host." },
+    Variable { name: "HCCN_STORE", default: DefaultIs::Text("(set by hccnrun)"), meaning: "Rendezvous store, `tcp://host:port` (the embedded store hosted by hccnrun)." },
+    Variable { name: "HCCN_JOB_ID", default: DefaultIs::Text("`default`"), meaning: "Job name; namespaces the job's keys in the store." },
+    Variable { name: "HCCN_JOB_TOKEN", default: DefaultIs::Text("(empty)"), meaning: "Shared secret for the HMAC-SHA256 challenge-response on every store and peer connection; hccnrun makes a fresh one per job." },
+    Variable { name: "HCCN_TIMEOUT_MS", default: DefaultIs::Value(|c| c.timeout.as_millis().to_string()), meaning: "Deadline of every wait (connect, rendezvous, each receive); exceeded waits fail with `HCCN_ERROR_TIMEOUT`. Like `HCCL_EXEC_TIMEOUT`, in ms." },
+    Variable { name: "HCCN_BIND_ADDR", default: DefaultIs::Value(|c| c.bind_addr.to_string()), meaning: "Address that ranks and the embedded store listen on (never all interfaces unless asked)." },
+    Variable { name: "HCCN_CHUNK_BYTES", default: DefaultIs::Value(|c| c.chunk_bytes.to_string()), meaning: "Largest pipeline chunk of the algorithms (4 KiB .. 8 MiB); the cost model may choose smaller chunks per operation." },
+    Variable { name: "HCCN_ALGO", default: DefaultIs::Value(|c| c.algo.name().to_owned()), meaning: "Algorithm of the collectives that have a choice (allreduce above all): `auto` (the cost model decides per operation), `ring`, `rhd` (recursive halving-doubling), `tree`, `hier`; see docs/algorithms.md. An algorithm that cannot run an allreduce on the communicator is an error." },
+    Variable { name: "HCCN_LINK_COST", default: DefaultIs::Value(|c| c.link_cost.name().to_owned()), meaning: "Latency and bandwidth per transport for the cost model: `measure` (world rank 0 times a shared-memory and a TCP peer when the world forms, about 20 small and 3 1-MiB round trips each, and sends the figures to every rank), `default` (the built-in figures), or a list such as `shm=0.8us:9GB/s,tcp=40us:2.2GB/s` (kinds `shm`, `tcp`, `local`; units `us`/`ms` and `GB/s`/`MB/s`; unnamed kinds keep the built-in figures). World rank 0's setting is the one every rank uses; see docs/algorithms.md." },
+    Variable { name: "HCCN_HEARTBEAT_MS", default: DefaultIs::Value(|c| c.heartbeat.as_millis().to_string()), meaning: "Interval of the heartbeat each rank sends on every connection; `0` turns heartbeats (and silence detection) off." },
+    Variable { name: "HCCN_DEAD_AFTER_MS", default: DefaultIs::Value(|c| c.dead_after.as_millis().to_string()), meaning: "A peer silent this long (no frame, no heartbeat, nothing waiting in its socket) is declared failed: a frozen process or a cut link. Raise it where ranks may stall longer without being dead (dead versus slow)." },
+    Variable { name: "HCCN_ETCD_CA", default: DefaultIs::Text("(plain gRPC)"), meaning: "With an `etcd://` store: PEM file of the CA that signed the etcd members' certificates. Setting it turns TLS on for every connection to etcd; the members' certificates must name the hosts (or IP addresses) of `HCCN_STORE`." },
+    Variable { name: "HCCN_ETCD_CERT", default: DefaultIs::Text("(none)"), meaning: "With `HCCN_ETCD_CA`: PEM file of this process's client certificate, for an etcd started with `--client-cert-auth`. Goes with `HCCN_ETCD_KEY`." },
+    Variable { name: "HCCN_ETCD_KEY", default: DefaultIs::Text("(none)"), meaning: "PEM file of the private key of `HCCN_ETCD_CERT`." },
+    Variable { name: "HCCN_ETCD_USER", default: DefaultIs::Text("(none)"), meaning: "etcd user to log in as, for an etcd with authentication enabled (`etcdctl auth enable`); it needs read and write access to the keys under `/hccn/`. Goes with `HCCN_ETCD_PASSWORD`." },
+    Variable { name: "HCCN_ETCD_PASSWORD", default: DefaultIs::Text("(none)"), meaning: "Password of `HCCN_ETCD_USER` (never logged)." },
+    Variable { name: "HCCN_LEASE_TTL_S", default: DefaultIs::Value(|c| c.lease_ttl.as_secs().to_string()), meaning: "With an etcd store, each world communicator's membership key lives on a lease of this many seconds, kept alive in the background: a backstop that declares a rank failed when its process dies or freezes, even with heartbeats off (1 .. 3600; etcd may round it up)." },
+    Variable { name: "HCCN_TRACE", default: DefaultIs::Text("(off)"), meaning: "Directory where each rank writes a Chrome trace-event file `hccn-trace-<job>-<rank>.json` (one event per operation and per transfer); see docs/observability.md." },
+    Variable { name: "HCCN_TRANSPORT", default: DefaultIs::Value(|c| c.transport.name().to_owned()), meaning: "Data transport between ranks: `auto` (shared memory between ranks on one host, TCP between hosts), `tcp` (TCP everywhere), `shm` (shared memory, and an error if a peer is on another host). TCP always stays for control and failure detection." },
+    Variable { name: "HCCN_BOARD_BYTES", default: DefaultIs::Value(|c| c.board_bytes.to_string()), meaning: "Largest allreduce (in bytes) that a communicator whose ranks all share one host runs on its shared-memory board: one round in which each rank posts its buffer and folds everyone's (see docs/algorithms.md); `0` sends such allreduces as messages (recursive doubling). At most 4096." },
+    Variable { name: "HCCN_CMA", default: DefaultIs::Value(|c| if c.cma { "auto" } else { "off" }.to_owned()), meaning: "Single-copy reads of large shared-memory messages with `process_vm_readv` (cross-memory attach): `auto` (used between two ranks when a probe at connection shows the kernel permits it, and, where the host's ranks outnumber its cores, only for buffers from `hccn_mem_alloc`) or `off` (every byte goes through the shared-memory rings)." },
+    Variable { name: "HCCN_LOG", default: DefaultIs::Value(|c| c.log.clone()), meaning: "Log filter: a level (`off`, `error`, `warn`, `info`, `debug`, `trace`) or a comma-separated list of levels and `target=level` items (tracing's syntax); any other value is refused. Logs go to stderr." },
+    Variable { name: "HCCN_BACKEND", default: DefaultIs::Value(|c| c.backend.name().to_owned()), meaning: "Data path of new communicators: `native` (hccn's TCP runtime) or `hccl` (Huawei HCCL on Ascend NPUs, loaded at run time; see docs/hccl.md)." },
+    Variable { name: "HCCN_HCCL_LIB", default: DefaultIs::Text("(search)"), meaning: "Path of `libhccl.so` for `HCCN_BACKEND=hccl`; else `$ASCEND_HOME_PATH/lib64`, `$ASCEND_TOOLKIT_HOME/lib64`, then the loader's search path." },
+    Variable { name: "HCCN_ACL_LIB", default: DefaultIs::Text("(search)"), meaning: "Path of `libascendcl.so` for `HCCN_BACKEND=hccl`; searched like `HCCN_HCCL_LIB`." },
+    Variable { name: "HCCN_DEVICE_ID", default: DefaultIs::Text("`HCCN_LOCAL_RANK`"), meaning: "NPU that this process binds with `aclrtSetDevice` (`HCCN_BACKEND=hccl`); else the local rank, else 0." },
+    Variable { name: "HCCN_LIB", default: DefaultIs::Text("(in the package)"), meaning: "Path of a `libhccn.so` for the Python package `hccn` to load instead of its own `hccn/lib/libhccn.so.1` (read by bindings/python only)." },
 ];
 
 /// Largest frame payload a peer may send; any larger header closes the connection.
@@ -62,6 +80,16 @@ pub enum Transport {
     Tcp,
     /// Shared memory only: a peer on another host is an error.
     Shm,
+}
+
+impl Transport {
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Auto => "auto",
+            Transport::Tcp => "tcp",
+            Transport::Shm => "shm",
+        }
+    }
 }
 
 /// Settings that apply to every communicator created by this process.
@@ -121,6 +149,15 @@ pub enum LinkCostSource {
 impl Eq for LinkCostSource {}
 
 impl LinkCostSource {
+    /// The variable's keyword for this source (`explicit` for a list).
+    pub fn name(&self) -> &'static str {
+        match self {
+            LinkCostSource::Measure => "measure",
+            LinkCostSource::Builtin => "default",
+            LinkCostSource::Explicit(_) => "explicit",
+        }
+    }
+
     /// Parses `measure`, `default`, or `kind=LATENCY:BANDWIDTH,...`.
     pub fn parse(value: &str) -> Result<Self> {
         let v = value.trim();
@@ -188,6 +225,15 @@ pub enum Backend {
     Native,
     /// Huawei HCCL over ACL streams, loaded at run time (the `hccn-backend-hccl` crate).
     Hccl,
+}
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Native => "native",
+            Backend::Hccl => "hccl",
+        }
+    }
 }
 
 /// What `hccn_init_from_env` needs in addition to [`Config`].

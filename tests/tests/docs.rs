@@ -29,8 +29,13 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 fn readme_table_lists_every_variable() {
     let readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
     for v in VARIABLES {
-        let row = format!("| `{}` |", v.name);
-        assert!(readme.contains(&row), "README.md's variable table lacks a row for {}", v.name);
+        let row = format!("| `{}` | {} |", v.name, v.default_text());
+        assert!(
+            readme.contains(&row),
+            "README.md's variable table lacks the row for {} with its default {} (runtime/src/config.rs)",
+            v.name,
+            v.default_text()
+        );
     }
 }
 
