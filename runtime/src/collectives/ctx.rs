@@ -22,7 +22,7 @@ pub(crate) struct Ctx<'a> {
     seq: u64,
     /// Pipeline chunk of this operation (the cost model's choice, at most HCCN_CHUNK_BYTES).
     chunk: usize,
-    /// The operation's turn on the communicator's board, if it goes there (see board.rs).
+    /// The operation's turn on the communicator's board, if it goes there (see board_allreduce.rs).
     turn: Option<u64>,
     /// What every rank's call must agree on (see fingerprint.rs).
     fp: Fingerprint,
@@ -47,7 +47,7 @@ impl<'a> Ctx<'a> {
         self.turn
     }
 
-    pub fn board_cell(&self) -> &'a super::board::BoardCell {
+    pub fn board_cell(&self) -> &'a super::board_allreduce::BoardCell {
         &self.comm.board
     }
 
@@ -64,7 +64,7 @@ impl<'a> Ctx<'a> {
     /// abort), if it cannot; one atomic load while all is well. For waits outside `recv`.
     pub fn health_error(&self) -> Option<Error> {
         let inbox = &self.comm.net.inbox;
-        if inbox.troubles() == 0 {
+        if inbox.health_changes() == 0 {
             return None;
         }
         inbox.health(|h| self.status(h))
@@ -74,7 +74,7 @@ impl<'a> Ctx<'a> {
     /// send what is waited for); one atomic load while all is well.
     pub fn departed_among(&self, waited: &dyn Fn(u32) -> bool) -> Option<Error> {
         let inbox = &self.comm.net.inbox;
-        if inbox.troubles() == 0 {
+        if inbox.health_changes() == 0 {
             return None;
         }
         inbox.health(|h| {

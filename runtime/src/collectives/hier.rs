@@ -40,7 +40,7 @@ pub(crate) fn applies(hosts: Option<&[u32]>) -> bool {
 
 /// What an exchange does with the chunks it receives.
 #[derive(Clone, Copy)]
-enum Land<'a> {
+enum OnArrival<'a> {
     Store,
     /// `dst op= chunk`.
     Reduce(DataType, ReduceOp),
@@ -49,14 +49,14 @@ enum Land<'a> {
     ReduceOnto(&'a [u8], DataType, ReduceOp),
 }
 
-/// Sends `out.1` to `out.0` and receives `in_.1` from `in_.0`, chunk by chunk, landing what
+/// Sends `out.1` to `out.0` and receives `in_.1` from `in_.0`, chunk by chunk, direct what
 /// arrives as `land` says.
 fn exchange(
     ctx: &Ctx<'_>,
     tag: u32,
     out: Option<(u32, &[u8])>,
     in_: Option<(u32, &mut [u8])>,
-    land: Land<'_>,
+    land: OnArrival<'_>,
 ) -> Result<()> {
     let k_out = out.as_ref().map_or(0, |(_, b)| ctx.nchunks(b.len()));
     let (from, dst) = match in_ {
@@ -71,9 +71,9 @@ fn exchange(
         if c < k_in {
             let part = ctx.chunk_range(dst.len(), c);
             match land {
-                Land::Store => ctx.recv_into(from, tag, &mut dst[part])?,
-                Land::Reduce(dt, op) => ctx.recv_reduce(from, tag, &mut dst[part], dt, op)?,
-                Land::ReduceOnto(base, dt, op) => {
+                OnArrival::Store => ctx.recv_into(from, tag, &mut dst[part])?,
+                OnArrival::Reduce(dt, op) => ctx.recv_reduce(from, tag, &mut dst[part], dt, op)?,
+                OnArrival::ReduceOnto(base, dt, op) => {
                     ctx.recv_reduce_onto(from, tag, &mut dst[part.clone()], &base[part], dt, op)?
                 }
             }
@@ -90,7 +90,7 @@ fn exchange_within(
     buf: &mut [u8],
     out: Option<(u32, Range<usize>)>,
     in_: Option<(u32, Range<usize>)>,
-    land: Land<'_>,
+    land: OnArrival<'_>,
 ) -> Result<()> {
     let (src, dst) =
         split(buf, out.as_ref().map_or(0..0, |o| o.1.clone()), in_.as_ref().map_or(0..0, |i| i.1.clone()))?;
@@ -109,12 +109,19 @@ fn ring_among(ctx: &Ctx<'_>, peers: &[u32], pos: usize, buf: &mut [u8], dt: Data
     for s in 0..n - 1 {
         let out = seg((pos + n - s) % n);
         let in_ = seg((pos + 2 * n - s - 1) % n);
-        exchange_within(ctx, TAG_ACROSS + s as u32, buf, Some((next, out)), Some((prev, in_)), Land::Reduce(dt, op))?;
+        exchange_within(
+            ctx,
+            TAG_ACROSS + s as u32,
+            buf,
+            Some((next, out)),
+            Some((prev, in_)),
+            OnArrival::Reduce(dt, op),
+        )?;
     }
     for s in 0..n - 1 {
         let out = seg((pos + 1 + n - s) % n);
         let in_ = seg((pos + n - s) % n);
-        exchange_within(ctx, TAG_ACROSS + (n + s) as u32, buf, Some((next, out)), Some((prev, in_)), Land::Store)?;
+        exchange_within(ctx, TAG_ACROSS + (n + s) as u32, buf, Some((next, out)), Some((prev, in_)), OnArrival::Store)?;
     }
     Ok(())
 }
@@ -150,14 +157,14 @@ fn allreduce(
             Some(input) => {
                 // Only an owner receives (segs[i] exists); its first receive meets the input.
                 let land = match segs.get(i) {
-                    Some(r) if k == 1 => Land::ReduceOnto(&input[r.clone()], dt, op),
-                    _ => Land::Reduce(dt, op),
+                    Some(r) if k == 1 => OnArrival::ReduceOnto(&input[r.clone()], dt, op),
+                    _ => OnArrival::Reduce(dt, op),
                 };
                 let out = out.map(|(to, r)| (to, &input[r]));
                 let in_ = in_.map(|(from, r)| (from, &mut buf[r]));
                 exchange(ctx, tag, out, in_, land)?;
             }
-            None => exchange_within(ctx, tag, buf, out, in_, Land::Reduce(dt, op))?,
+            None => exchange_within(ctx, tag, buf, out, in_, OnArrival::Reduce(dt, op))?,
         }
     }
     if let Some(input) = input.filter(|_| m == 1 && i < owners) {
@@ -175,7 +182,7 @@ fn allreduce(
         let (to, from) = ((i + k) % m, (i + m - k) % m);
         let out = (i < owners).then(|| (local[to], segs[i].clone()));
         let in_ = (from < owners).then(|| (local[from], segs[from].clone()));
-        exchange_within(ctx, TAG_LOCAL_GATHER + k as u32, buf, out, in_, Land::Store)?;
+        exchange_within(ctx, TAG_LOCAL_GATHER + k as u32, buf, out, in_, OnArrival::Store)?;
     }
     Ok(())
 }

@@ -2,7 +2,7 @@
 //! [`check::validate`] turns it into a [`Work`] (byte ranges, every argument checked) on the one
 //! entry path; [`select::select`] picks an [`Algorithm`]; [`execute`] runs it through a [`Ctx`].
 
-pub(crate) mod board;
+pub(crate) mod board_allreduce;
 pub(crate) mod check;
 mod ctx;
 mod dissemination;

@@ -43,7 +43,7 @@ const TAG_STEPS: u32 = 2;
 
 /// How received data lands in the buffer.
 #[derive(Clone, Copy)]
-enum Land {
+enum OnArrival {
     Store,
     /// `mine op theirs`.
     Reduce(DataType, ReduceOp),
@@ -70,7 +70,7 @@ fn exchange(
     input: Option<&[u8]>,
     out: Range<usize>,
     in_: Range<usize>,
-    into: Land,
+    into: OnArrival,
 ) -> Result<()> {
     let (k_out, k_in) = (ctx.nchunks(out.len()), ctx.nchunks(in_.len()));
     let apart = out.is_empty() || in_.is_empty() || out.end <= in_.start || in_.end <= out.start;
@@ -108,18 +108,18 @@ fn exchange(
 /// Receives one chunk from `peer` into `dst` as `into` says, `base` being this rank's operand
 /// when it is not `dst` itself (out of place). Each piece is combined where it lies (a ring
 /// slot, the pooled frame, the sender's memory): no copy of the chunk, no allocation.
-fn receive(ctx: &Ctx<'_>, peer: u32, tag: u32, dst: &mut [u8], base: Option<&[u8]>, into: Land) -> Result<()> {
+fn receive(ctx: &Ctx<'_>, peer: u32, tag: u32, dst: &mut [u8], base: Option<&[u8]>, into: OnArrival) -> Result<()> {
     match (into, base) {
-        (Land::Reduce(dt, op), None) => ctx.recv_reduce(peer, tag, dst, dt, op),
-        (Land::Reduce(dt, op), Some(base)) => ctx.recv_reduce_onto(peer, tag, dst, base, dt, op),
-        (Land::ReduceTheirsFirst(dt, op), base) => ctx.recv_with(peer, tag, dst.len(), &mut |off, piece| {
+        (OnArrival::Reduce(dt, op), None) => ctx.recv_reduce(peer, tag, dst, dt, op),
+        (OnArrival::Reduce(dt, op), Some(base)) => ctx.recv_reduce_onto(peer, tag, dst, base, dt, op),
+        (OnArrival::ReduceTheirsFirst(dt, op), base) => ctx.recv_with(peer, tag, dst.len(), &mut |off, piece| {
             let d = &mut dst[off..off + piece.len()];
             match base {
                 None => reduce::reduce_onto(d, piece, dt, op),
                 Some(b) => reduce::reduce_from(d, piece, &b[off..off + piece.len()], dt, op),
             }
         }),
-        (Land::Store, _) => ctx.recv_into(peer, tag, dst),
+        (OnArrival::Store, _) => ctx.recv_into(peer, tag, dst),
     }
 }
 
@@ -159,7 +159,7 @@ impl Rhd {
         let p2 = 1u32 << (31 - n.leading_zeros());
         let r = n - p2;
         let all = 0..w.acc.len();
-        let red = Land::Reduce(w.dt, w.op);
+        let red = OnArrival::Reduce(w.dt, w.op);
         // Pre-step: fold the first 2r ranks pairwise. After it the input has been read.
         let (vrank, mut input) = if me < 2 * r {
             if me % 2 == 0 {
@@ -180,7 +180,7 @@ impl Rhd {
                 let mut tag = TAG_STEPS;
                 let mut mask = 1;
                 while mask < p2 {
-                    let into = if v & mask == 0 { red } else { Land::ReduceTheirsFirst(w.dt, w.op) };
+                    let into = if v & mask == 0 { red } else { OnArrival::ReduceTheirsFirst(w.dt, w.op) };
                     exchange(ctx, real(v ^ mask), tag, w.acc, input.take(), all.clone(), all.clone(), into)?;
                     mask <<= 1;
                     tag += 1;
@@ -192,7 +192,7 @@ impl Rhd {
             if me % 2 == 0 {
                 ctx.recv_chunked_into(me + 1, TAG_POST, w.acc)?;
             } else {
-                exchange(ctx, me - 1, TAG_POST, w.acc, None, all.clone(), 0..0, Land::Store)?;
+                exchange(ctx, me - 1, TAG_POST, w.acc, None, all.clone(), 0..0, OnArrival::Store)?;
             }
         }
         Ok(())
@@ -213,7 +213,7 @@ fn halving_doubling(
     let (len, esize) = (w.acc.len(), w.dt.size());
     let bytes =
         |lo: usize, hi: usize| segment(len, esize, p2, lo as u32).start..segment(len, esize, p2, hi as u32 - 1).end;
-    let red = Land::Reduce(w.dt, w.op);
+    let red = OnArrival::Reduce(w.dt, w.op);
     // Windows of segment indices, [lo, hi), halved from the top bit down.
     let (mut lo, mut hi) = (0usize, p2 as usize);
     let mut tag = TAG_STEPS;
@@ -231,7 +231,16 @@ fn halving_doubling(
     }
     // Doubling: retrace the steps, sending the window held and receiving the partner's.
     for (mask, keep, give) in steps.into_iter().rev() {
-        exchange(ctx, real(v ^ mask), tag, w.acc, None, bytes(keep.0, keep.1), bytes(give.0, give.1), Land::Store)?;
+        exchange(
+            ctx,
+            real(v ^ mask),
+            tag,
+            w.acc,
+            None,
+            bytes(keep.0, keep.1),
+            bytes(give.0, give.1),
+            OnArrival::Store,
+        )?;
         tag += 1;
     }
     Ok(())

@@ -43,7 +43,7 @@ pub(super) trait Codec {
     }
     /// Brings a segment that is fully reduced on its owner to what the other ranks will receive
     /// for it, so that all ranks end with the same bits.
-    fn settle(&self, _segment: &mut [u8]) {}
+    fn round_like_wire(&self, _segment: &mut [u8]) {}
 }
 
 /// Data travels as it is.
@@ -105,7 +105,7 @@ pub(super) fn split(buf: &mut [u8], out: Range<usize>, in_: Range<usize>) -> Res
 
 /// What a ring step does with the chunks it receives.
 #[derive(Clone, Copy)]
-enum Land<'a> {
+enum OnArrival<'a> {
     /// Stored as they arrive (allgather).
     Store,
     /// Combined into the destination: `dst op= chunk`.
@@ -120,12 +120,12 @@ enum Land<'a> {
 /// received chunks land as `land` says. Chunks go out as sends that complete later (the peer
 /// may read them straight from `src`), all finished before the step returns: `src` does not
 /// change during its own step, and no peer reads it after.
-fn step(ctx: &Ctx<'_>, tag: u32, src: &[u8], dst_all: &mut [u8], codec: &dyn Codec, land: Land<'_>) -> Result<()> {
+fn step(ctx: &Ctx<'_>, tag: u32, src: &[u8], dst_all: &mut [u8], codec: &dyn Codec, land: OnArrival<'_>) -> Result<()> {
     let n = ctx.size();
     let (next, prev) = ((ctx.rank() + 1) % n, (ctx.rank() + n - 1) % n);
     let (k_out, k_in) = (ctx.nchunks(src.len()), ctx.nchunks(dst_all.len()));
     let base_all = match land {
-        Land::ReduceOnto { base, .. } => base,
+        OnArrival::ReduceOnto { base, .. } => base,
         _ => &[],
     };
     let mut sends = Sends::default();
@@ -139,12 +139,12 @@ fn step(ctx: &Ctx<'_>, tag: u32, src: &[u8], dst_all: &mut [u8], codec: &dyn Cod
             let base = base_all.get(r.clone()).unwrap_or(&[]);
             let dst = &mut dst_all[r];
             match land {
-                Land::Store if codec.raw() => {
+                OnArrival::Store if codec.raw() => {
                     // Stored as it arrives: a single-copy read lands in `dst` itself.
                     ctx.recv_into(prev, tag, dst)?;
                     continue;
                 }
-                Land::ReduceOnto { op, .. } if codec.raw() => {
+                OnArrival::ReduceOnto { op, .. } if codec.raw() => {
                     // Combined with the input where the chunk lies (a ring slot, the sender's
                     // mapped buffer) or, after a single-copy read, where it landed in `dst`,
                     // piece by piece in cache: `dst` is written once and never read first.
@@ -169,9 +169,9 @@ fn step(ctx: &Ctx<'_>, tag: u32, src: &[u8], dst_all: &mut [u8], codec: &dyn Cod
                 }
                 let (a, b) = (o * len / wire, (o + piece.len()) * len / wire);
                 match land {
-                    Land::Store => codec.decode(&mut dst[a..b], piece, None),
-                    Land::Reduce(op) => codec.decode(&mut dst[a..b], piece, Some(op)),
-                    Land::ReduceOnto { op, .. } => codec.decode_onto(&mut dst[a..b], &base[a..b], piece, op),
+                    OnArrival::Store => codec.decode(&mut dst[a..b], piece, None),
+                    OnArrival::Reduce(op) => codec.decode(&mut dst[a..b], piece, Some(op)),
+                    OnArrival::ReduceOnto { op, .. } => codec.decode_onto(&mut dst[a..b], &base[a..b], piece, op),
                 }
             })?;
         }
@@ -181,7 +181,7 @@ fn step(ctx: &Ctx<'_>, tag: u32, src: &[u8], dst_all: &mut [u8], codec: &dyn Cod
 
 /// Reduce-scatter phase over `buf` split into `segs`: afterwards this rank holds the fully
 /// reduced segment `(rank + 1) % n`. Returns the next free tag. With `input`, `buf`
-/// need not hold the contribution (see [`Land::ReduceOnto`]): every segment is received once,
+/// need not hold the contribution (see [`OnArrival::ReduceOnto`]): every segment is received once,
 /// and every one sent after the first step is one received in the step before.
 fn reduce_scatter_phase(
     ctx: &Ctx<'_>,
@@ -198,16 +198,21 @@ fn reduce_scatter_phase(
         let in_ = seg((r + 2 * n - s - 1) % n);
         match input {
             // The first step sends this rank's own contribution, from the input.
-            Some(input) if s == 0 => {
-                step(ctx, s, &input[out], &mut buf[in_.clone()], codec, Land::ReduceOnto { op, base: &input[in_] })?
-            }
+            Some(input) if s == 0 => step(
+                ctx,
+                s,
+                &input[out],
+                &mut buf[in_.clone()],
+                codec,
+                OnArrival::ReduceOnto { op, base: &input[in_] },
+            )?,
             Some(input) => {
                 let (src, dst) = split(buf, out, in_.clone())?;
-                step(ctx, s, src, dst, codec, Land::ReduceOnto { op, base: &input[in_] })?
+                step(ctx, s, src, dst, codec, OnArrival::ReduceOnto { op, base: &input[in_] })?
             }
             None => {
                 let (src, dst) = split(buf, out, in_)?;
-                step(ctx, s, src, dst, codec, Land::Reduce(op))?
+                step(ctx, s, src, dst, codec, OnArrival::Reduce(op))?
             }
         }
     }
@@ -215,7 +220,7 @@ fn reduce_scatter_phase(
 }
 
 /// Allreduce into `buf` of this rank's contribution, which is `input` or, without it, `buf`
-/// itself on entry: reduce-scatter, then the owner of each segment settles it and the segments
+/// itself on entry: reduce-scatter, then the owner of each segment rounds it as the wire will and the segments
 /// circulate. With `input`, the reduce-scatter writes every segment but this rank's first one
 /// (sent from `input`) before reading it, and the allgather writes that one, so `buf` is never
 /// copied into first.
@@ -240,12 +245,12 @@ pub(super) fn allreduce(
     let (bytes, esize) = (buf.len(), codec.esize());
     let seg = |i: u32| segment(bytes, esize, n, i);
     let first = reduce_scatter_phase(ctx, buf, input, &seg, codec, op)?;
-    codec.settle(&mut buf[seg((r + 1) % n)]);
+    codec.round_like_wire(&mut buf[seg((r + 1) % n)]);
     for s in 0..n - 1 {
         let out = seg((r + 1 + n - s) % n);
         let in_ = seg((r + n - s) % n);
         let (src, dst) = split(buf, out, in_)?;
-        step(ctx, first + s, src, dst, codec, Land::Store)?;
+        step(ctx, first + s, src, dst, codec, OnArrival::Store)?;
     }
     Ok(())
 }
@@ -264,7 +269,7 @@ impl Algorithm for Ring {
     }
 
     /// Reduce-scatter straight from the input: each step combines the block it receives with
-    /// the input's (`Land::ReduceOnto`) and sends it on in the next step, so partial blocks
+    /// the input's (`OnArrival::ReduceOnto`) and sends it on in the next step, so partial blocks
     /// need two block buffers, used in turn: the output, which the last step fills, and (from
     /// 3 ranks) one pooled scratch block. Nothing is copied first.
     fn reduce_scatter(&self, ctx: &Ctx<'_>, w: &mut ReduceScatterArgs<'_>) -> Result<()> {
@@ -283,7 +288,7 @@ impl Algorithm for Ring {
         let mut result = Ok(());
         for s in 0..n - 1 {
             let (out, in_) = (seg((r + 2 * n - s) % n), seg((r + 2 * n - s - 1) % n));
-            let land = Land::ReduceOnto { op: w.op, base: &w.input[in_] };
+            let land = OnArrival::ReduceOnto { op: w.op, base: &w.input[in_] };
             // The step that fills the output is the last, or an even number of steps before it.
             let into_out = (n - 2 - s) % 2 == 0;
             result = match (s, into_out) {
@@ -309,7 +314,7 @@ impl Algorithm for Ring {
             let out = w.blocks[((r + n - s) % n) as usize].clone();
             let in_ = w.blocks[((r + 2 * n - s - 1) % n) as usize].clone();
             let (src, dst) = split(w.recv, out, in_)?;
-            step(ctx, s, src, dst, &plain, Land::Store)?;
+            step(ctx, s, src, dst, &plain, OnArrival::Store)?;
         }
         Ok(())
     }

@@ -33,7 +33,7 @@ impl Codec for Narrow {
             None => narrow::widen(wire, self.0, dst),
         }
     }
-    fn settle(&self, segment: &mut [u8]) {
+    fn round_like_wire(&self, segment: &mut [u8]) {
         narrow::round_through(segment, self.0);
     }
 }

@@ -188,7 +188,7 @@ impl CommInner {
 
     fn check(&self, departures: bool) -> Result<()> {
         // The common case costs two loads: nothing failed, left or was revoked anywhere.
-        if self.net.inbox.troubles() == 0 && !self.aborted.load(Ordering::Relaxed) {
+        if self.net.inbox.health_changes() == 0 && !self.aborted.load(Ordering::Relaxed) {
             return Ok(());
         }
         match self.net.inbox.health(|h| self.status_of(h, departures)) {
@@ -338,7 +338,7 @@ impl Communicator {
 struct Job {
     kind: FrameKind,
     seq: u64,
-    /// Its board turn (see collectives/board.rs).
+    /// Its board turn (see collectives/board_allreduce.rs).
     turn: Option<u64>,
     fp: crate::wire::Fingerprint,
     work: Work,
@@ -354,7 +354,7 @@ impl Job {
         let ctx = Ctx::new(inner, self.kind, self.seq).with_turn(self.turn).with_fingerprint(self.fp);
         // SAFETY: the caller's promise, passed on.
         let mut r = unsafe { collectives::execute(&ctx, &self.work) };
-        if r.is_ok() && inner.net.inbox.troubles() != 0 {
+        if r.is_ok() && inner.net.inbox.health_changes() != 0 {
             // Done here, but another rank (or thread) gave it up meanwhile: its result is not
             // to be trusted.
             if let Some(e) = inner.net.inbox.health(|h| inner.abandoned(h, self.kind, self.seq)) {

@@ -99,7 +99,7 @@ pub(crate) struct Inbox {
     /// Frames queued now.
     queued: std::sync::atomic::AtomicUsize,
     /// Bumped on every failure, departure, revoke and wake-up: zero while all is well.
-    troubles: AtomicU64,
+    health_changes: AtomicU64,
     /// Threads asleep on `changed`, counted under the lock before they sleep: a push wakes
     /// them only when there are some (a notify is a system call even when nobody waits, and a
     /// receive usually polls for its frame instead of sleeping).
@@ -128,14 +128,14 @@ impl Inbox {
     }
 
     fn trouble(&self) {
-        self.troubles.fetch_add(1, Ordering::SeqCst);
+        self.health_changes.fetch_add(1, Ordering::SeqCst);
         self.bump();
     }
 
     /// Zero as long as no peer failed or left and nothing was revoked or woken: waiters may skip
     /// the health checks that take the lock.
-    pub fn troubles(&self) -> u64 {
-        self.troubles.load(Ordering::SeqCst)
+    pub fn health_changes(&self) -> u64 {
+        self.health_changes.load(Ordering::SeqCst)
     }
 
     /// Frames waiting for their receive.

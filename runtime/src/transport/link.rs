@@ -49,7 +49,7 @@ pub(crate) trait Link: Send + Sync {
     /// the link's reader thread, and, when `small` (the frame expected is at most
     /// [`POLL_ALONE_MAX`]) or when the receive offers to `land` its frame, have that thread
     /// stand aside.
-    fn poll(&self, budget: Duration, ready: &dyn Fn() -> bool, _small: bool, _land: Option<&Landing<'_>>) -> bool {
+    fn poll(&self, budget: Duration, ready: &dyn Fn() -> bool, _small: bool, _land: Option<&DirectRead<'_>>) -> bool {
         poll_yielding(budget, ready)
     }
 }
@@ -57,7 +57,7 @@ pub(crate) trait Link: Send + Sync {
 /// A receive's offer to take its frame straight into its buffer (see [`Link::poll`]): a large
 /// frame that is only stored, so that it is copied out of the kernel once, not into a pooled
 /// buffer first and then again.
-pub(crate) struct Landing<'a> {
+pub(crate) struct DirectRead<'a> {
     pub key: Key,
     pub dst: &'a RefCell<&'a mut [u8]>,
     /// True once the receive must end (its deadline passed, its communicator failed): a frame

@@ -5,8 +5,8 @@
 //! A peer's connection ending without a goodbye marks it failed, and every wait of a
 //! communicator that contains it returns `RankFailed` at once.
 
-pub(crate) mod board;
 pub(crate) mod channel;
+pub(crate) mod shm_board;
 
 /// How long a receiver whose sender withdrew its data (its operation failed) waits to learn
 /// why before that is its error: whatever failed the sender's operation (a lost member, a
@@ -29,7 +29,7 @@ pub(crate) mod wait;
 mod waker;
 
 pub(crate) use inbox::{departure, Health, Inbox};
-pub(crate) use link::{poll_yielding, Frame, Key, Landing, Link, POLL_ALONE_MAX, TCP_POLL};
+pub(crate) use link::{poll_yielding, DirectRead, Frame, Key, Link, POLL_ALONE_MAX, TCP_POLL};
 pub(crate) use net::{incarnation, LinkTable, Net};
 pub(crate) use news::Fault;
 pub(crate) use sink::{Out, Sink};

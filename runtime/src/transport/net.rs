@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::channel::{Channel, Progress, SelfChannel, Status};
-use super::{board, heartbeat, news, pulse, shm, tcp, Fault, Inbox, Key, Link, Sink};
+use super::{heartbeat, news, pulse, shm, shm_board, tcp, Fault, Inbox, Key, Link, Sink};
 use crate::error::{Error, Result};
 use crate::wire::{FrameHeader, FrameKind};
 
@@ -181,13 +181,13 @@ impl Net {
 
     /// Creates the shared-memory board of a communicator of `n` ranks at `path` (this is rank
     /// `me`); its waits behave like those of the rings.
-    pub fn create_board(&self, path: &str, n: u32, me: u32) -> std::io::Result<board::Board> {
-        board::Board::create(path, n, me, self.shm.wait())
+    pub fn create_board(&self, path: &str, n: u32, me: u32) -> std::io::Result<shm_board::Board> {
+        shm_board::Board::create(path, n, me, self.shm.wait())
     }
 
     /// Maps the board another rank created (see [`Net::create_board`]).
-    pub fn open_board(&self, path: &str, n: u32, me: u32) -> std::io::Result<board::Board> {
-        board::Board::open(path, n, me, self.shm.wait())
+    pub fn open_board(&self, path: &str, n: u32, me: u32) -> std::io::Result<shm_board::Board> {
+        shm_board::Board::open(path, n, me, self.shm.wait())
     }
 
     /// Runs the progress hook: frames waiting on this rank's channels move into the inbox, so

@@ -40,7 +40,7 @@ impl Countdown {
         true
     }
     /// After a move: the next look waits longer.
-    pub(super) fn settle(&self) {
+    pub(super) fn after_move(&self) {
         self.0.store(SETTLE, Ordering::Relaxed);
     }
 }
@@ -166,7 +166,7 @@ mod tests {
         assert!(c.due());
         assert_eq!((0..EVERY).filter(|_| c.due()).count(), 0);
         assert!(c.due());
-        c.settle();
+        c.after_move();
         assert_eq!((0..SETTLE).filter(|_| c.due()).count(), 0);
         assert!(c.due());
     }

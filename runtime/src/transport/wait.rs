@@ -57,8 +57,9 @@ impl<'a> Backoff<'a> {
 }
 
 impl Backoff<'_> {
-    /// True once spinning and yielding are over: the caller should sleep (and drain).
-    pub(crate) fn snooze(&mut self) -> bool {
+    /// One step of the wait: a spin or a yield; true once both are over and the caller should
+    /// sleep (and drain).
+    pub(crate) fn step(&mut self) -> bool {
         if self.spinning {
             // One pause per look (~25 ns on current x86): the awaited write is noticed within
             // a cache-line transfer. More pauses per look delayed a 4-byte allreduce by

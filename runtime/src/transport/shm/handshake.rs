@@ -104,7 +104,7 @@ pub(super) fn cma_offer(m: &[u8; 21]) -> (Option<i32>, u64, u64) {
 
 /// Marks a new segment's rings as produced by ranks that have not said where they run yet (0
 /// would read as core 0).
-pub(super) fn unsaid(seg: &Segment) {
+pub(super) fn mark_cpus_unknown(seg: &Segment) {
     for base in [seg.ptr, seg.ptr.wrapping_add(RING_BYTES)] {
         Ring { base }.cpu_word().store(u32::MAX, Ordering::Relaxed);
     }
@@ -123,7 +123,7 @@ pub(super) fn offer(sock: &mut TcpStream, me: u32, peer: u32, mesh: u64) -> Resu
         .and_then(|f| Segment::map(&f, SEG_BYTES));
     let seg = match made {
         Ok(s) => {
-            unsaid(&s);
+            mark_cpus_unknown(&s);
             Some(s)
         }
         Err(e) => {

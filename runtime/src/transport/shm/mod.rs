@@ -215,7 +215,7 @@ impl Shm {
     /// off a crowded core (placement.rs).
     fn spread(&self) {
         let mine = here();
-        self.say_cpu(mine);
+        self.publish_cpu(mine);
         if !self.spread_in.due() {
             return;
         }
@@ -228,12 +228,12 @@ impl Shm {
             }
         };
         if let Some(to) = placement::spread(self.me, mine, &cores) {
-            self.spread_in.settle();
-            self.say_cpu(to);
+            self.spread_in.after_move();
+            self.publish_cpu(to);
         }
     }
 
-    fn say_cpu(&self, cpu: u32) {
+    fn publish_cpu(&self, cpu: u32) {
         if self.said.swap(cpu, Ordering::Relaxed) != cpu {
             self.peers.iter().flatten().for_each(|p| p.tx.cpu_word().store(cpu, Ordering::Relaxed));
         }
@@ -284,7 +284,7 @@ pub(crate) struct ShmChannel {
 impl ShmChannel {
     /// The error for a send to a peer this rank lost earlier.
     fn lost_earlier(&self) -> Result<()> {
-        if self.inbox.troubles() == 0 {
+        if self.inbox.health_changes() == 0 {
             return Ok(());
         }
         match self.inbox.failed_reason(self.peer) {

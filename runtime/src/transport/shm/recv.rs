@@ -39,7 +39,7 @@ impl Shm {
                 // Noted now, returned only after one more look at the ring below: what the
                 // peer wrote before it died or left is still delivered. (Frames of others wait
                 // in the inbox too: they may show that this wait is in vain.)
-                if inbox.troubles() != 0 || inbox.queued() > 0 {
+                if inbox.health_changes() != 0 || inbox.queued() > 0 {
                     ended = inbox.ended(key.src, status);
                     if withdrawn.is_none() && inbox.given_up(key) {
                         withdrawn = Some(Instant::now());
@@ -74,7 +74,7 @@ impl Shm {
                     format!("world rank {} gave up its operation before this rank read its data", key.src),
                 ));
             }
-            if backoff.snooze() {
+            if backoff.step() {
                 if Instant::now() >= deadline {
                     return Err(Error::timeout(format!(
                         "no message from world rank {} within {} ms (HCCN_TIMEOUT_MS)",
@@ -149,7 +149,7 @@ impl Shm {
         let mut backoff = self.backoff();
         while off < total {
             if !ring.ready(t, Ordering::Acquire) {
-                if backoff.snooze() {
+                if backoff.step() {
                     // Only the sender's end stops a frame that has begun: leaving it half read
                     // (for a revoke, say) would put the ring out of step for the next receive.
                     if let Some(e) = inbox.peer_gone(key.src) {

@@ -69,7 +69,7 @@ impl Shm {
             }
             if n - tx.tail >= SLOTS {
                 // Full: wait for the consumer, and meanwhile keep our own rings moving.
-                if backoff.snooze() {
+                if backoff.step() {
                     self.drain(None, inbox);
                     let seen = ring.space_word().load(Ordering::SeqCst);
                     ring.space_sleepers().fetch_add(1, Ordering::SeqCst);
@@ -138,7 +138,7 @@ impl Shm {
             let g = inbox.generation();
             if g != gen {
                 gen = g;
-                if inbox.troubles() != 0 {
+                if inbox.health_changes() != 0 {
                     if let Some(reason) = inbox.failed_reason(dst) {
                         // Declared failed may still mean frozen: it must not read on if it wakes.
                         self.withdraw(dst, index, inbox, timeout);
@@ -151,7 +151,7 @@ impl Shm {
                     }
                 }
             }
-            if backoff.snooze() {
+            if backoff.step() {
                 if Instant::now() >= deadline {
                     self.withdraw(dst, index, inbox, timeout);
                     return Err(Error::timeout(format!(
@@ -189,7 +189,7 @@ impl Shm {
                 return;
             }
             // A reader that died or froze mid-read never ends it: its failure ends the wait.
-            if backoff.snooze() {
+            if backoff.step() {
                 if inbox.peer_gone(dst).is_some() {
                     return;
                 }

@@ -65,7 +65,7 @@ fn pair(send_cma: bool, recv_cma: bool) -> (Shm, Shm) {
     f.set_len(SEG_BYTES as u64).expect("size");
     let (a, b) = (Segment::map(&f, SEG_BYTES).expect("map"), Segment::map(&f, SEG_BYTES).expect("map"));
     let _ = std::fs::remove_file(&path);
-    unsaid(&a);
+    mark_cpus_unknown(&a);
     let me = std::process::id() as i32;
     let mut a = ShmPeer::new(a, true);
     let mut b = ShmPeer::new(b, false);
@@ -100,9 +100,9 @@ fn each_side_says_where_it_runs_in_the_ring_it_produces() {
     let (a, b) = pair(false, true);
     let seen_by = |s: &Shm, peer: u32| s.peer(peer).expect("peer").rx.cpu_word().load(Ordering::Relaxed);
     assert_eq!((seen_by(&a, 1), seen_by(&b, 0)), (u32::MAX, u32::MAX), "nothing said yet");
-    a.say_cpu(1);
+    a.publish_cpu(1);
     assert_eq!((seen_by(&a, 1), seen_by(&b, 0)), (u32::MAX, 1));
-    b.say_cpu(0);
+    b.publish_cpu(0);
     assert_eq!((seen_by(&a, 1), seen_by(&b, 0)), (0, 1));
 }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::transport::channel::{deliver, Channel, Progress, Status};
-use crate::transport::{Fault, Inbox, Key, Landing, Link, Out, Sink, POLL_ALONE_MAX};
+use crate::transport::{DirectRead, Fault, Inbox, Key, Link, Out, Sink, POLL_ALONE_MAX};
 use crate::wire::FrameHeader;
 
 pub(crate) struct TcpChannel {
@@ -45,15 +45,15 @@ impl Channel for TcpChannel {
         let small = sink.expect <= POLL_ALONE_MAX;
         let deadline = Instant::now() + timeout;
         let give_up =
-            || Instant::now() >= deadline || (self.inbox.troubles() != 0 && self.inbox.status(status).is_some());
+            || Instant::now() >= deadline || (self.inbox.health_changes() != 0 && self.inbox.status(status).is_some());
         let frame = {
             // A large frame that is only stored may land straight in the receive's buffer.
             let into = match &mut sink.out {
                 Out::Into(buf) if !small && buf.len() == sink.expect => Some(RefCell::new(&mut **buf)),
                 _ => None,
             };
-            let landing = into.as_ref().map(|dst| Landing { key, dst, give_up: &give_up });
-            let poll = |budget, ready: &dyn Fn() -> bool| self.link.poll(budget, ready, small, landing.as_ref());
+            let direct = into.as_ref().map(|dst| DirectRead { key, dst, give_up: &give_up });
+            let poll = |budget, ready: &dyn Fn() -> bool| self.link.poll(budget, ready, small, direct.as_ref());
             let Some(progress) = &self.progress else {
                 return deliver(self.inbox.take(key, timeout, status, &poll)?, sink);
             };

@@ -100,7 +100,7 @@ pub(super) unsafe fn recv_some(fd: std::os::fd::RawFd, ptr: *mut u8, len: usize)
     }
 }
 
-/// Reads and drops the bytes `skip` counts (the rest of a frame a receive gave up landing),
+/// Reads and drops the bytes `skip` counts (the rest of a frame a receive gave up direct),
 /// as far as `recv` with `flags` goes; how many are left.
 pub(super) fn discard_skipped(fd: std::os::fd::RawFd, skip: &AtomicU64, flags: libc::c_int) -> std::io::Result<u64> {
     let mut left = skip.load(Ordering::SeqCst);

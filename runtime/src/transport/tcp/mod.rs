@@ -19,7 +19,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::shm::futex_wake;
-use super::{Fault, Frame, Inbox, Key, Landing, Link};
+use super::{DirectRead, Fault, Frame, Inbox, Key, Link};
 use crate::config::{Config, MAX_CHUNK_BYTES};
 use crate::error::{Error, ErrorKind, Result};
 use crate::wire::{FrameHeader, FrameKind, HEADER_LEN};
@@ -115,8 +115,8 @@ impl Link for TcpLink {
         n > 0
     }
 
-    fn poll(&self, budget: Duration, ready: &dyn Fn() -> bool, small: bool, land: Option<&Landing<'_>>) -> bool {
-        let look = || land.is_some_and(|l| self.land(l)) || self.pump() || ready();
+    fn poll(&self, budget: Duration, ready: &dyn Fn() -> bool, small: bool, land: Option<&DirectRead<'_>>) -> bool {
+        let look = || land.is_some_and(|l| self.read_direct(l)) || self.pump() || ready();
         if !small && land.is_none() {
             // A large frame is the reader's to copy while this thread works on the last one:
             // wake the reader in case it stands aside after an earlier small receive.
@@ -175,7 +175,7 @@ impl TcpLink {
     /// a marker for it (`Frame::landed`); true when it did. It waits for the payload as it
     /// comes, until the receive must give up: then the rest of the frame is left to be
     /// discarded (`skip`), and `dst` is never written again.
-    fn land(&self, l: &Landing<'_>) -> bool {
+    fn read_direct(&self, l: &DirectRead<'_>) -> bool {
         let Ok(_reading) = self.reading.try_lock() else { return false };
         if !self.caught_up() || self.inbox.has_queued(&l.key) {
             return false;

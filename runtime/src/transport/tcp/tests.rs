@@ -143,7 +143,7 @@ fn large_frames_land_whole_in_the_receive_buffer_and_the_others_still_arrive_in_
         let f = {
             let cell = std::cell::RefCell::new(&mut buf[..]);
             let give_up = || false;
-            let landing = (seq % 2 == 0).then(|| Landing { key: key(seq), dst: &cell, give_up: &give_up });
+            let direct = (seq % 2 == 0).then(|| DirectRead { key: key(seq), dst: &cell, give_up: &give_up });
             let asked = std::cell::Cell::new(false);
             let poll = |_, ready: &dyn Fn() -> bool| {
                 // Longer than TCP_POLL: the frame must arrive while this receive polls. It
@@ -155,7 +155,7 @@ fn large_frames_land_whole_in_the_receive_buffer_and_the_others_still_arrive_in_
                     }
                     ready()
                 };
-                link.poll(Duration::from_secs(10), &look, seq % 2 == 1, landing.as_ref())
+                link.poll(Duration::from_secs(10), &look, seq % 2 == 1, direct.as_ref())
             };
             inbox.take(key(seq), cfg.timeout, &|_| None, &poll).expect("frame")
         };
@@ -200,10 +200,10 @@ fn a_receive_that_gives_up_inside_a_frame_never_writes_its_buffer_again_and_the_
         let start = Instant::now();
         // Gives up (as at its deadline) once the first part has had time to land.
         let give_up = || start.elapsed() > Duration::from_millis(300);
-        let landing = Landing { key: key(0), dst: &cell, give_up: &give_up };
+        let direct = DirectRead { key: key(0), dst: &cell, give_up: &give_up };
         let poll = |_, ready: &dyn Fn() -> bool| {
             let _ = go.send(());
-            link.poll(Duration::from_millis(600), ready, false, Some(&landing))
+            link.poll(Duration::from_millis(600), ready, false, Some(&direct))
         };
         inbox.take(key(0), Duration::from_millis(500), &|_| None, &poll).expect_err("gave up")
     };

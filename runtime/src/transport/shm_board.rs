@@ -150,7 +150,7 @@ impl Board {
         self.word32(LINE + rank as usize * LINE)
     }
     /// Records this rank's core, writing only on a change: other ranks poll this line.
-    fn say_cpu(&self, cpu: u32) {
+    fn publish_cpu(&self, cpu: u32) {
         let word = self.cpu(self.me);
         if word.load(Ordering::Relaxed) != cpu {
             word.store(cpu, Ordering::Relaxed);
@@ -201,7 +201,7 @@ impl Board {
         let mut mine = u32::MAX;
         if cpu_aware {
             mine = here();
-            self.say_cpu(mine);
+            self.publish_cpu(mine);
         }
         loop {
             if ready() {
@@ -219,10 +219,10 @@ impl Board {
                 }
                 continue;
             }
-            let slept = backoff.snooze();
+            let slept = backoff.step();
             if cpu_aware {
                 mine = here();
-                self.say_cpu(mine);
+                self.publish_cpu(mine);
                 if let Some(to) = self.spread(mine) {
                     mine = to;
                 }
@@ -247,8 +247,8 @@ impl Board {
         }
         let to =
             placement::spread(self.me, mine, &|f| (0..self.n).for_each(|r| f(r, self.cpu(r).load(Ordering::Relaxed))))?;
-        self.spread_in.settle();
-        self.say_cpu(to);
+        self.spread_in.after_move();
+        self.publish_cpu(to);
         Some(to)
     }
 

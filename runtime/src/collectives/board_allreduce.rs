@@ -1,6 +1,6 @@
 //! Board allreduce for the smallest buffers on a communicator whose ranks all share one host:
 //! each rank posts its buffer on the communicator's shared-memory board and folds every post
-//! itself, in rank order (see transport/board.rs). One round of waiting, no messages; with more
+//! itself, in rank order (see transport/shm_board.rs). One round of waiting, no messages; with more
 //! ranks than cores that saves the context switches that each extra round costs.
 //!
 //! Whether an allreduce goes to the board is decided when it is submitted, from what every
@@ -19,7 +19,7 @@ use std::time::Instant;
 use super::rhd::RD;
 use super::{fingerprint, Algorithm, Ctx, ReduceArgs, Work};
 use crate::error::{Error, Result};
-use crate::transport::board::{Board, Watch, BOARD_BYTES, BOARD_RANKS};
+use crate::transport::shm_board::{Board, Watch, BOARD_BYTES, BOARD_RANKS};
 use crate::wire::Fingerprint;
 
 pub(crate) struct BoardAllreduce;
