@@ -10,11 +10,11 @@ use hccn_runtime::{Communicator, Config, DataType, Error, ErrorKind, LaunchEnv, 
 
 use crate::api::{self, need, HcclComm, HcclCommConfig, HcclRootInfo, ROOT_INFO_BYTES};
 use crate::stream::AclStream;
-use crate::Backend;
+use crate::HcclLibrary;
 
 /// State shared by the clones of a communicator and by the streams that carry its operations.
 pub(crate) struct Shared {
-    pub backend: Arc<Backend>,
+    pub backend: Arc<HcclLibrary>,
     pub native: Communicator,
     /// The `HcclComm`; 0 once torn down.
     raw: Mutex<usize>,
@@ -90,7 +90,7 @@ impl std::fmt::Debug for HcclCommunicator {
 /// The root info with a leading status byte (1: rank 0 made it), as exchanged between ranks.
 const EXCHANGED: usize = ROOT_INFO_BYTES + 1;
 
-fn make_root(backend: &Backend) -> Vec<u8> {
+fn make_root(backend: &HcclLibrary) -> Vec<u8> {
     let mut out = vec![0u8; EXCHANGED];
     let mut root = HcclRootInfo { internal: [0; ROOT_INFO_BYTES] };
     let made = need(backend.api.HcclGetRootInfo, "HcclGetRootInfo").and_then(|f| {
@@ -120,7 +120,7 @@ fn parse_root(bytes: &[u8]) -> Result<HcclRootInfo> {
 }
 
 /// Rank 0 of `native` makes a fresh root info and broadcasts it over `native`.
-fn root_over(backend: &Backend, native: &Communicator) -> Result<HcclRootInfo> {
+fn root_over(backend: &HcclLibrary, native: &Communicator) -> Result<HcclRootInfo> {
     let mut buf = if native.rank() == 0 { make_root(backend) } else { vec![0u8; EXCHANGED] };
     let op =
         Op::Broadcast { buf: Ptr::from_mut(buf.as_mut_ptr()), count: EXCHANGED as u64, dt: DataType::Uint8, root: 0 };
@@ -131,7 +131,7 @@ fn root_over(backend: &Backend, native: &Communicator) -> Result<HcclRootInfo> {
 
 /// Rank 0 of `native` makes a root info and publishes it under `key` in `store`.
 fn root_through_store(
-    backend: &Backend,
+    backend: &HcclLibrary,
     native: &Communicator,
     store: &dyn Store,
     key: &str,
@@ -150,12 +150,12 @@ fn store_key(native: &Communicator) -> String {
     format!("hccl/root-info/{:016x}", native.id())
 }
 
-fn backend_for(cfg: &Config, local_rank: Option<u32>) -> Result<Arc<Backend>> {
+fn backend_for(cfg: &Config, local_rank: Option<u32>) -> Result<Arc<HcclLibrary>> {
     let mut cfg = cfg.clone();
     if cfg.device_id.is_none() {
         cfg.device_id = local_rank.map(|r| r as i32);
     }
-    Backend::get(&cfg)
+    HcclLibrary::get(&cfg)
 }
 
 impl HcclCommunicator {
@@ -182,7 +182,7 @@ impl HcclCommunicator {
         Self::with_root(backend, native, &root, cfg)
     }
 
-    fn with_root(backend: Arc<Backend>, native: Communicator, root: &HcclRootInfo, cfg: &Config) -> Result<Self> {
+    fn with_root(backend: Arc<HcclLibrary>, native: Communicator, root: &HcclRootInfo, cfg: &Config) -> Result<Self> {
         let api = &backend.api;
         let (n, r) = (native.size(), native.rank());
         let mut raw: HcclComm = std::ptr::null_mut();
@@ -198,7 +198,7 @@ impl HcclCommunicator {
         Self::adopt(backend, native, raw, cfg.timeout)
     }
 
-    fn adopt(backend: Arc<Backend>, native: Communicator, raw: HcclComm, timeout: Duration) -> Result<Self> {
+    fn adopt(backend: Arc<HcclLibrary>, native: Communicator, raw: HcclComm, timeout: Duration) -> Result<Self> {
         if raw.is_null() {
             return Err(Error::new(ErrorKind::Backend, "HCCL returned success but no communicator"));
         }

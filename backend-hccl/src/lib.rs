@@ -7,6 +7,7 @@
 pub mod api;
 mod bucket;
 mod comm;
+mod seam;
 mod stage;
 mod stream;
 
@@ -17,29 +18,30 @@ use std::sync::{Arc, Mutex};
 pub use api::{Api, Signature, SIGNATURES};
 pub use bucket::HcclBucket;
 pub use comm::HcclCommunicator;
+pub use seam::{install, Hccl};
 pub use stream::AclStream;
 
 use hccn_runtime::{Config, Result};
 
 /// The loaded libraries of this process, with the device they drive.
 #[derive(Debug)]
-pub struct Backend {
+pub struct HcclLibrary {
     pub api: Api,
     pub device: i32,
 }
 
-static BACKEND: Mutex<Option<Arc<Backend>>> = Mutex::new(None);
+static BACKEND: Mutex<Option<Arc<HcclLibrary>>> = Mutex::new(None);
 
 thread_local! {
     /// Whether this thread has called aclrtSetDevice (a per-thread binding in ACL).
     static BOUND: Cell<bool> = const { Cell::new(false) };
 }
 
-impl Backend {
+impl HcclLibrary {
     /// The process's backend: loads the libraries and calls `aclInit` on first use, then binds
     /// the calling thread to the device (`HCCN_DEVICE_ID`, else `HCCN_LOCAL_RANK`, else 0).
     /// A failed load is not remembered, so a corrected environment can try again.
-    pub fn get(cfg: &Config) -> Result<Arc<Backend>> {
+    pub fn get(cfg: &Config) -> Result<Arc<HcclLibrary>> {
         let b = {
             let mut slot = BACKEND.locked();
             match slot.as_ref() {
@@ -61,7 +63,7 @@ impl Backend {
                             absent.join(" ")
                         );
                     }
-                    let b = Arc::new(Backend { api, device });
+                    let b = Arc::new(HcclLibrary { api, device });
                     *slot = Some(b.clone());
                     b
                 }
@@ -86,6 +88,6 @@ impl Backend {
 
 /// Checks that the backend can be loaded with `cfg` (for tools and tests).
 pub fn probe(cfg: &Config) -> Result<String> {
-    let b = Backend::get(cfg)?;
+    let b = HcclLibrary::get(cfg)?;
     Ok(format!("{} + {}", b.api.hccl_path, b.api.acl_path))
 }

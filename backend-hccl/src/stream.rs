@@ -14,10 +14,10 @@ use hccn_runtime::{Error, ErrorKind, Result};
 
 use crate::api::{need, AclStream as RawStream, ACL_STREAM_STATUS_COMPLETE};
 use crate::comm::Shared;
-use crate::Backend;
+use crate::HcclLibrary;
 
 pub struct AclStream {
-    backend: Arc<Backend>,
+    backend: Arc<HcclLibrary>,
     raw: usize,
     owned: bool,
     /// Communicators with work on this stream since the last completed wait.
@@ -42,7 +42,7 @@ const DEPARTED_GRACE: Duration = Duration::from_millis(1000);
 
 impl AclStream {
     /// `aclrtCreateStream`.
-    pub fn create(backend: Arc<Backend>) -> Result<AclStream> {
+    pub fn create(backend: Arc<HcclLibrary>) -> Result<AclStream> {
         backend.bind()?;
         let f = need(backend.api.aclrtCreateStream, "aclrtCreateStream")?;
         let mut raw: RawStream = std::ptr::null_mut();
@@ -61,7 +61,7 @@ impl AclStream {
     }
 
     /// Wraps the caller's stream (never destroyed by hccn).
-    pub fn wrap(backend: Arc<Backend>, raw: RawStream) -> Result<AclStream> {
+    pub fn wrap(backend: Arc<HcclLibrary>, raw: RawStream) -> Result<AclStream> {
         if raw.is_null() {
             return Err(Error::null("acl_stream is NULL"));
         }

@@ -3,38 +3,23 @@
 
 use std::ffi::c_void;
 
-use hccn_runtime::{DataType, Error, Op, Ptr, ReduceOp, Result};
-
-use crate::backend::CommHandle;
+use hccn_runtime::{DataType, Op, Ptr, ReduceOp, Result};
 
 use crate::comm::COMMS;
 use crate::ffi::{array, guard, ok};
 use crate::stream::STREAMS;
 use crate::types::{hccn_comm, hccn_datatype, hccn_reduce_op, hccn_result, hccn_stream};
 
-/// Looks up `comm` and `stream`, builds the op (which may need the communicator size) and submits.
+/// Looks up `comm` and `stream`, builds the op (which may need the communicator size) and hands
+/// it to the communicator's backend.
 fn submit(comm: *mut hccn_comm, stream: *mut hccn_stream, build: impl FnOnce(u32) -> Result<Op>) -> hccn_result {
     guard(|| {
         let c = COMMS.get(comm, "comm")?;
         let s = if stream.is_null() { None } else { Some(STREAMS.get(stream, "stream")?) };
-        let op = build(c.size())?;
-        // The one branch between the data paths (capi/src/backend.rs).
-        match &*c {
-            CommHandle::Native(n) => {
-                if s.as_ref().is_some_and(|s| s.acl.is_some()) {
-                    return Err(Error::invalid(
-                        "stream wraps an aclrtStream (HCCL backend) but comm is a native communicator",
-                    ));
-                }
-                // SAFETY: the C caller promises the buffers of `op` as docs/c-api.md describes, until
-                // the operation completes (return for a NULL stream, the stream's progress otherwise).
-                unsafe { n.submit(op, s.as_deref().map(|s| &s.host))? }
-            }
-            // SAFETY: as above; on this backend the buffers are device memory.
-            CommHandle::Hccl(h) => unsafe {
-                h.submit(op, s.as_deref().and_then(|s| s.acl.as_deref()), s.as_deref().map(|s| &s.host))?
-            },
-        }
+        let op = build(c.control().size())?;
+        // SAFETY: the C caller promises the buffers of `op` as docs/c-api.md describes, until the
+        // operation completes (return for a NULL stream, the stream's progress otherwise).
+        unsafe { c.submit(op, s.as_deref())? };
         ok()
     })
 }

@@ -1,17 +1,15 @@
 //! Communicator functions of docs/c-api.md: creation, queries, groups, destruction and failures.
 
-use hccn_runtime::{Error, LaunchEnv, UniqueId};
-
-use crate::backend::CommHandle;
+use hccn_runtime::{backend, BackendComm, Error, LaunchEnv, UniqueId};
 
 use crate::ffi::{self, guard, ok, out_ptr, write, Table};
 use crate::types::{hccn_comm, hccn_result, hccn_unique_id, HCCN_SUCCESS};
 
-pub(crate) static COMMS: Table<CommHandle> = Table::new("communicator");
+pub(crate) static COMMS: Table<Box<dyn BackendComm>> = Table::new("communicator");
 
 /// A program that exits without destroying its communicators is a failure to its peers, as a
 /// crash is: they learn it from the closed connections at once (docs/c-api.md: destroy to leave).
-fn register(out: *mut *mut hccn_comm, comm: CommHandle) {
+fn register(out: *mut *mut hccn_comm, comm: Box<dyn BackendComm>) {
     write(out, COMMS.insert(comm));
 }
 
@@ -42,7 +40,7 @@ pub unsafe extern "C" fn hccn_comm_init_rank(
         // SAFETY: non-NULL; the caller passes a hccn_unique_id (docs/c-api.md).
         let bytes = unsafe { (*id).internal };
         let uid = UniqueId::from_bytes(&bytes)?;
-        let c = CommHandle::init_rank(&uid, nranks, rank, &crate::config()?)?;
+        let c = backend::init_rank(&uid, nranks, rank, &crate::config()?)?;
         register(out, c);
         ok()
     })
@@ -54,7 +52,7 @@ pub unsafe extern "C" fn hccn_init_from_env(comm: *mut *mut hccn_comm) -> hccn_r
     guard(|| {
         let out = out_ptr(comm, "comm")?;
         let cfg = crate::config()?;
-        let c = CommHandle::init_from_env(&LaunchEnv::from_env()?, &cfg)?;
+        let c = backend::init_from_env(&LaunchEnv::from_env()?, &cfg)?;
         register(out, c);
         ok()
     })
@@ -85,7 +83,7 @@ pub unsafe extern "C" fn hccn_comm_abort(comm: *mut hccn_comm) -> hccn_result {
 pub unsafe extern "C" fn hccn_comm_rank(comm: *const hccn_comm, rank: *mut u32) -> hccn_result {
     guard(|| {
         let out = out_ptr(rank, "rank")?;
-        write(out, COMMS.get(comm, "comm")?.rank());
+        write(out, COMMS.get(comm, "comm")?.control().rank());
         ok()
     })
 }
@@ -94,7 +92,7 @@ pub unsafe extern "C" fn hccn_comm_rank(comm: *const hccn_comm, rank: *mut u32) 
 pub unsafe extern "C" fn hccn_comm_size(comm: *const hccn_comm, size: *mut u32) -> hccn_result {
     guard(|| {
         let out = out_ptr(size, "size")?;
-        write(out, COMMS.get(comm, "comm")?.size());
+        write(out, COMMS.get(comm, "comm")?.control().size());
         ok()
     })
 }
@@ -167,7 +165,7 @@ pub unsafe extern "C" fn hccn_comm_failed_ranks(
         if capacity > 0 && ranks.is_null() {
             return Err(Error::null("ranks is NULL but capacity is not 0"));
         }
-        let failed = COMMS.get(comm, "comm")?.failed_ranks();
+        let failed = COMMS.get(comm, "comm")?.control().failed_ranks();
         for (i, r) in failed.iter().take(capacity as usize).enumerate() {
             // SAFETY: i < capacity, and the caller promises `capacity` writable elements.
             write(unsafe { ranks.add(i) }, *r);
@@ -181,7 +179,7 @@ pub unsafe extern "C" fn hccn_comm_failed_ranks(
 #[no_mangle]
 pub unsafe extern "C" fn hccn_comm_revoke(comm: *mut hccn_comm) -> hccn_result {
     guard(|| {
-        COMMS.get(comm, "comm")?.revoke();
+        COMMS.get(comm, "comm")?.control().revoke();
         ok()
     })
 }
@@ -191,7 +189,7 @@ pub unsafe extern "C" fn hccn_comm_revoke(comm: *mut hccn_comm) -> hccn_result {
 pub unsafe extern "C" fn hccn_comm_epoch(comm: *const hccn_comm, epoch: *mut u64) -> hccn_result {
     guard(|| {
         let out = out_ptr(epoch, "epoch")?;
-        write(out, COMMS.get(comm, "comm")?.epoch());
+        write(out, COMMS.get(comm, "comm")?.control().epoch());
         ok()
     })
 }

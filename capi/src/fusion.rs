@@ -5,24 +5,17 @@ use hccn_runtime::sync::Locked;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
-use hccn_runtime::{Bucket, DataType, Error, Ptr, ReduceOp, Result};
+use hccn_runtime::backend::FusedBucket;
+use hccn_runtime::{AnyStream, DataType, Error, Ptr, ReduceOp, Result};
 
-use crate::backend::CommHandle;
 use crate::comm::COMMS;
 use crate::ffi::{guard, ok, out_ptr, write, Table};
-use crate::stream::{CStream, STREAMS};
+use crate::stream::STREAMS;
 use crate::types::{hccn_bucket, hccn_comm, hccn_datatype, hccn_reduce_op, hccn_result, hccn_stream};
-use hccn_backend_hccl::HcclBucket;
-
-/// A bucket of either backend.
-enum AnyBucket {
-    Native(Bucket),
-    Hccl(HcclBucket),
-}
 
 /// A bucket and the handle of the communicator it was made on.
 struct CBucket {
-    bucket: AnyBucket,
+    bucket: Box<dyn FusedBucket>,
     comm: usize,
 }
 
@@ -33,7 +26,7 @@ static BUCKETS: Table<Mutex<CBucket>> = Table::new("bucket");
 fn with_bucket(
     bucket: *mut hccn_bucket,
     stream: *mut hccn_stream,
-    f: impl FnOnce(&mut AnyBucket, Option<&CStream>) -> Result<()>,
+    f: impl FnOnce(&mut dyn FusedBucket, Option<&AnyStream>) -> Result<()>,
 ) -> hccn_result {
     guard(|| {
         let b: Arc<Mutex<CBucket>> = BUCKETS.get(bucket, "bucket")?;
@@ -42,7 +35,7 @@ fn with_bucket(
         COMMS
             .get(b.comm as *const hccn_comm, "the bucket's communicator")
             .map_err(|e| Error::invalid(format!("{} (destroy buckets before their communicator)", e.message())))?;
-        f(&mut b.bucket, s.as_deref())?;
+        f(b.bucket.as_mut(), s.as_deref())?;
         ok()
     })
 }
@@ -60,10 +53,7 @@ pub unsafe extern "C" fn hccn_bucket_create(
         let out = out_ptr(bucket, "bucket")?;
         let c = COMMS.get(comm, "comm")?;
         let (dt, op) = (DataType::from_raw(dt)?, ReduceOp::from_raw(op)?);
-        let b = match &*c {
-            CommHandle::Native(n) => AnyBucket::Native(Bucket::new(n.clone(), capacity_bytes, dt, op)?),
-            CommHandle::Hccl(h) => AnyBucket::Hccl(HcclBucket::new(h.clone(), capacity_bytes, dt, op)?),
-        };
+        let b = c.bucket(capacity_bytes, dt, op)?;
         write(out, BUCKETS.insert(Mutex::new(CBucket { bucket: b, comm: comm as usize })));
         ok()
     })
@@ -78,24 +68,15 @@ pub unsafe extern "C" fn hccn_bucket_add(
     count: u64,
     stream: *mut hccn_stream,
 ) -> hccn_result {
-    with_bucket(bucket, stream, |b, s| match b {
-        // SAFETY: the C caller promises `buf` as docs/c-api.md describe (valid until
-        // the flush that covers it completes).
-        AnyBucket::Native(b) => unsafe { b.add(Ptr::from_mut(buf), count, s.map(|s| &s.host)) },
-        // SAFETY: as above; on this backend `buf` is device memory.
-        AnyBucket::Hccl(b) => unsafe {
-            b.add(Ptr::from_mut(buf), count, s.and_then(|s| s.acl.as_deref()), s.map(|s| &s.host))
-        },
-    })
+    // SAFETY: the C caller promises `buf` as docs/c-api.md describes (valid until the flush
+    // that covers it completes; device memory on the HCCL backend).
+    with_bucket(bucket, stream, |b, s| unsafe { b.add(Ptr::from_mut(buf), count, s) })
 }
 
 /// Allreduces what is pending (nothing pending: success, no communication).
 #[no_mangle]
 pub unsafe extern "C" fn hccn_bucket_flush(bucket: *mut hccn_bucket, stream: *mut hccn_stream) -> hccn_result {
-    with_bucket(bucket, stream, |b, s| match b {
-        AnyBucket::Native(b) => b.flush(s.map(|s| &s.host)),
-        AnyBucket::Hccl(b) => b.flush(s.and_then(|s| s.acl.as_deref()), s.map(|s| &s.host)),
-    })
+    with_bucket(bucket, stream, |b, s| b.flush(s))
 }
 
 /// Frees a bucket; NULL is a no-op. Local, so it does not flush: pending tensors are dropped

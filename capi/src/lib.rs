@@ -4,7 +4,6 @@
 
 #![allow(clippy::missing_safety_doc)] // The safety contract of every function is docs/c-api.md.
 
-mod backend;
 mod collectives;
 mod comm;
 mod error;
@@ -31,6 +30,7 @@ pub(crate) fn config() -> Result<Config> {
     hccn_runtime::log::init(&cfg);
     #[cfg(feature = "etcd")]
     hccn_recovery::install();
+    hccn_backend_hccl::install();
     Ok(cfg)
 }
 

@@ -1,38 +1,14 @@
 //! Streams and events of docs/c-api.md.
 
 use std::ffi::c_void;
-use std::sync::Arc;
 
-use hccn_backend_hccl::{AclStream, Backend as Hccl};
-use hccn_runtime::{Backend, Error, ErrorKind, Event, Stream};
+use hccn_runtime::{AnyStream, Error, Event};
 
 use crate::error::fail;
 use crate::ffi::{guard, ok, out_ptr, write, Table};
 use crate::types::{hccn_event, hccn_result, hccn_stream, hccn_stream_callback, HCCN_IN_PROGRESS, HCCN_SUCCESS};
 
-/// An hccn stream: a host queue, and on the HCCL backend the ACL stream that HCCL operations
-/// go to (the host queue then orders only events and the operations staged through host
-/// memory).
-pub(crate) struct CStream {
-    pub host: Stream,
-    pub acl: Option<Arc<AclStream>>,
-}
-
-impl CStream {
-    fn synchronize(&self) -> hccn_runtime::Result<()> {
-        self.host.synchronize()?;
-        self.acl.as_ref().map_or(Ok(()), |a| a.wait())
-    }
-
-    fn query(&self) -> hccn_runtime::Result<bool> {
-        if !self.host.query()? {
-            return Ok(false);
-        }
-        self.acl.as_ref().map_or(Ok(true), |a| a.query())
-    }
-}
-
-pub(crate) static STREAMS: Table<CStream> = Table::new("stream");
+pub(crate) static STREAMS: Table<AnyStream> = Table::new("stream");
 static EVENTS: Table<Event> = Table::new("event");
 
 fn progress(done: hccn_runtime::Result<bool>) -> hccn_runtime::Result<hccn_result> {
@@ -43,12 +19,7 @@ fn progress(done: hccn_runtime::Result<bool>) -> hccn_runtime::Result<hccn_resul
 pub unsafe extern "C" fn hccn_stream_create(stream: *mut *mut hccn_stream) -> hccn_result {
     guard(|| {
         let out = out_ptr(stream, "stream")?;
-        let cfg = crate::config()?;
-        let acl = match cfg.backend {
-            Backend::Native => None,
-            Backend::Hccl => Some(Arc::new(AclStream::create(Hccl::get(&cfg)?)?)),
-        };
-        write(out, STREAMS.insert(CStream { host: Stream::new()?, acl }));
+        write(out, STREAMS.insert(AnyStream::new(&crate::config()?)?));
         ok()
     })
 }
@@ -110,9 +81,7 @@ pub unsafe extern "C" fn hccn_stream_add_callback(
         let f = callback.ok_or_else(|| Error::null("callback is NULL"))?;
         // On an ACL stream the callback comes after the device work queued so far. If the host
         // queue has failed, that wait is not queued and the callback gets the error.
-        if let Some(acl) = s.acl.clone() {
-            let _ = s.host.enqueue(Box::new(move || acl.wait()));
-        }
+        let _ = s.host_after_device();
         let data = UserData(user_data);
         s.host.enqueue_callback(Box::new(move |status| {
             let code = match status {
@@ -144,9 +113,7 @@ pub unsafe extern "C" fn hccn_event_record(event: *mut hccn_event, stream: *mut 
         let s = if stream.is_null() { None } else { Some(STREAMS.get(stream, "stream")?) };
         // On an ACL stream the host queue first waits for the device work queued so far.
         if let Some(st) = s.as_ref() {
-            if let Some(acl) = st.acl.clone() {
-                st.host.enqueue(Box::new(move || acl.wait()))?;
-            }
+            st.host_after_device()?;
         }
         ev.record(s.as_deref().map(|s| &s.host));
         ok()
@@ -183,15 +150,9 @@ pub unsafe extern "C" fn hccn_stream_wrap_acl(acl_stream: *mut c_void, stream: *
         if acl_stream.is_null() {
             return Err(Error::null("acl_stream is NULL"));
         }
-        let cfg = crate::config()?;
-        if cfg.backend != Backend::Hccl {
-            return Err(Error::new(
-                ErrorKind::NotSupported,
-                "hccn_stream_wrap_acl needs the HCCL backend (HCCN_BACKEND=hccl); this process runs the native backend, whose streams come from hccn_stream_create",
-            ));
-        }
-        let acl = AclStream::wrap(Hccl::get(&cfg)?, acl_stream)?;
-        write(out, STREAMS.insert(CStream { host: Stream::new()?, acl: Some(Arc::new(acl)) }));
+        // SAFETY: the caller passes a live aclrtStream that outlives the wrapper.
+        let wrapped = unsafe { AnyStream::wrap(&crate::config()?, acl_stream)? };
+        write(out, STREAMS.insert(wrapped));
         ok()
     })
 }

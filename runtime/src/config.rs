@@ -114,7 +114,7 @@ pub struct Config {
     /// `HCCN_TRACE`: directory for this process's trace file; `None` records nothing.
     pub trace: Option<std::path::PathBuf>,
     /// `HCCN_BACKEND`: the data path of new communicators.
-    pub backend: Backend,
+    pub backend: BackendKind,
     /// `HCCN_HCCL_LIB` / `HCCN_ACL_LIB`: explicit library paths for the HCCL backend.
     pub hccl_lib: Option<std::path::PathBuf>,
     pub acl_lib: Option<std::path::PathBuf>,
@@ -219,7 +219,7 @@ fn with_unit(text: &str, units: &[(&str, f64)], what: &str) -> std::result::Resu
 
 /// Which library moves the data of new communicators.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Backend {
+pub enum BackendKind {
     /// hccn's own TCP runtime.
     #[default]
     Native,
@@ -227,11 +227,11 @@ pub enum Backend {
     Hccl,
 }
 
-impl Backend {
+impl BackendKind {
     pub fn name(self) -> &'static str {
         match self {
-            Backend::Native => "native",
-            Backend::Hccl => "hccl",
+            BackendKind::Native => "native",
+            BackendKind::Hccl => "hccl",
         }
     }
 }
@@ -262,7 +262,7 @@ impl Default for Config {
             job_id: None,
             job_token: None,
             trace: None,
-            backend: Backend::Native,
+            backend: BackendKind::Native,
             hccl_lib: None,
             acl_lib: None,
             device_id: None,
@@ -396,8 +396,8 @@ impl Config {
         }
         c.trace = get("HCCN_TRACE").filter(|v| !v.is_empty()).map(std::path::PathBuf::from);
         c.backend = match get("HCCN_BACKEND").as_deref().map(str::trim) {
-            None | Some("") | Some("native") => Backend::Native,
-            Some("hccl") => Backend::Hccl,
+            None | Some("") | Some("native") => BackendKind::Native,
+            Some("hccl") => BackendKind::Hccl,
             Some(other) => {
                 return Err(Error::invalid(format!("HCCN_BACKEND={other:?} is not `native` or `hccl`")));
             }

@@ -3,6 +3,7 @@
 
 #[doc(hidden)]
 pub mod auth;
+pub mod backend;
 pub mod collectives;
 pub mod comm;
 pub mod config;
@@ -23,9 +24,10 @@ pub mod tuning;
 pub mod types;
 pub mod wire;
 
+pub use backend::{AnyStream, BackendComm};
 pub use collectives::{Op, Ptr};
 pub use comm::{new_unique_id, Communicator};
-pub use config::{Backend, Config, LaunchEnv};
+pub use config::{BackendKind, Config, LaunchEnv};
 pub use error::{Error, ErrorKind, Result};
 pub use fusion::Bucket;
 pub use rendezvous::{StoreAddr, StoreServer, UniqueId};

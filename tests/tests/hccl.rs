@@ -301,3 +301,30 @@ fn declared_signatures_match_the_public_headers() {
     assert_eq!(std::mem::size_of::<hccn_backend_hccl::api::HcclCommConfig>(), 24 + 4 + 4 + 128);
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+#[test]
+fn the_tools_honour_hccn_backend() {
+    // hccn-perf on the HCCL backend: device buffers from aclrtMalloc, filled and checked through
+    // aclrtMemcpy, the operation through HCCL; -c counts wrong elements.
+    let perf = launch::bin_dir().join("hccn-perf");
+    for op in ["allreduce", "allgather", "broadcast"] {
+        let out = on_emu(
+            2,
+            &perf,
+            &["--op", op, "-b", "64", "-e", "64K", "-f", "32", "-c", "-n", "3", "-w", "1"],
+            &[("HCCN_LOG", "info")],
+        );
+        assert_eq!(out.code, Some(0), "{op}: {}", out.describe());
+        assert!(out.stderr.contains("HCCL backend loaded"), "{op}: hccn-perf must run on HCCL: {}", out.describe());
+        let rows: Vec<&str> = out.stdout.lines().filter(|l| l.starts_with("[0] ") && !l.contains('#')).collect();
+        assert!(rows.len() >= 3, "{op}: too few rows: {}", out.describe());
+        for row in rows {
+            assert!(row.trim_end().ends_with(" 0"), "{op}: wrong elements on HCCL: {row}");
+        }
+    }
+    // hccn-info reads the control plane of an HCCL communicator.
+    let info = launch::bin_dir().join("hccn-info");
+    let out = on_emu(2, &info, &[], &[("HCCN_LOG", "info")]);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    assert!(out.stderr.contains("HCCL backend loaded"), "{}", out.describe());
+}

@@ -172,11 +172,13 @@ pub fn report(hosts: &[String], links: &[f64]) -> Vec<String> {
 }
 
 fn run() -> Result<(), String> {
-    let comm = crate::join_job()?;
+    let joined = crate::join_job()?;
+    // Hosts and links are the control plane's, on any backend.
+    let comm = joined.control();
     let me = comm.rank();
     let failed = |what: &'static str| move |e: hccn_runtime::Error| format!("rank {me}: {what} failed: {e}");
-    let hosts = all_hostnames(&comm).map_err(failed("host name exchange"))?;
-    let links = measure_links(&comm).map_err(failed("link measurement"))?;
+    let hosts = all_hostnames(comm).map_err(failed("host name exchange"))?;
+    let links = measure_links(comm).map_err(failed("link measurement"))?;
     if me == 0 {
         let mut out = io::stdout().lock();
         for line in report(&hosts, &links) {

@@ -12,20 +12,22 @@ pub mod perf;
 pub mod trace;
 pub mod world;
 
+use hccn_runtime::BackendComm;
+
 /// What every tool that runs as a rank does first: read the configuration, start logging, make
-/// etcd stores usable, and join the job hccnrun describes in the environment.
-pub fn join_job() -> Result<hccn_runtime::Communicator, String> {
+/// etcd stores and the HCCL backend usable, and join the job hccnrun describes in the
+/// environment, on the backend `HCCN_BACKEND` names.
+pub fn join_job() -> Result<Box<dyn BackendComm>, String> {
     join_job_with(|_| {})
 }
 
 /// [`join_job`] with the configuration adjusted by `adjust` (a tool's options over HCCN_*).
-pub fn join_job_with(adjust: impl FnOnce(&mut hccn_runtime::Config)) -> Result<hccn_runtime::Communicator, String> {
+pub fn join_job_with(adjust: impl FnOnce(&mut hccn_runtime::Config)) -> Result<Box<dyn BackendComm>, String> {
     let mut cfg = hccn_runtime::Config::from_env().map_err(|e| e.to_string())?;
     adjust(&mut cfg);
     hccn_runtime::log::init(&cfg);
     hccn_recovery::install();
+    hccn_backend_hccl::install();
     let env = hccn_runtime::LaunchEnv::from_env().map_err(|e| e.to_string())?;
-    let comm = hccn_runtime::Communicator::init_from_env(&env, &cfg)
-        .map_err(|e| format!("rank {}: cannot join the job: {e}", env.rank))?;
-    Ok(comm)
+    hccn_runtime::backend::init_from_env(&env, &cfg).map_err(|e| format!("rank {}: cannot join the job: {e}", env.rank))
 }

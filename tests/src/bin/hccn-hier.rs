@@ -37,7 +37,7 @@ fn check(comm: &Communicator, world_ranks: &[u32]) -> Result<u64, String> {
 
 fn main() -> ExitCode {
     let world = match hccn_tools::join_job() {
-        Ok(c) => c,
+        Ok(c) => c.control().clone(),
         Err(e) => {
             eprintln!("hccn-hier: {e}");
             return ExitCode::FAILURE;

@@ -104,7 +104,7 @@ fn run() -> Result<String, String> {
     let mut args = std::env::args().skip(1);
     let ops: u64 = args.next().and_then(|a| a.parse().ok()).ok_or("usage: hccn-soak OPS [SEED]")?;
     let seed: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(0x5eed);
-    let world = hccn_tools::join_job()?;
+    let world = hccn_tools::join_job()?.control().clone();
     let (me, n) = (world.rank(), world.size());
     if n != 4 {
         return Err(format!("hccn-soak runs on 4 ranks, not {n}"));

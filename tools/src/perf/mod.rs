@@ -7,8 +7,11 @@ use std::io::{self, Write};
 use std::time::{Duration, Instant};
 
 use hccn_runtime::collectives::select::AlgoChoice;
+use std::sync::Arc;
+
+use hccn_runtime::backend::{DeviceBuffer, DeviceMemory};
 use hccn_runtime::mem::SharedBuf;
-use hccn_runtime::{Communicator, DataType, Op, Ptr, ReduceOp};
+use hccn_runtime::{BackendComm, BackendKind, Communicator, DataType, Op, Ptr, ReduceOp};
 
 use crate::args::{self, Args, UsageError};
 pub use check::Checker;
@@ -312,8 +315,44 @@ fn sum_over_ranks(comm: &Communicator, x: u64) -> hccn_runtime::Result<u64> {
     Ok(out[0])
 }
 
-/// A buffer of one size step: from the heap, or shareable memory (`-R`).
-type Buf = Box<dyn std::ops::DerefMut<Target = [u8]>>;
+/// A buffer of one size step: on the native backend from the heap, or shareable memory (`-R`);
+/// on another backend its device memory, filled and read through host copies.
+enum Buf {
+    Host(Box<dyn std::ops::DerefMut<Target = [u8]>>),
+    Device(DeviceBuffer),
+}
+
+impl Buf {
+    fn ptr(&mut self) -> Ptr {
+        match self {
+            Buf::Host(b) => Ptr::from_mut(b.as_mut_ptr()),
+            Buf::Device(d) => d.ptr(),
+        }
+    }
+
+    fn fill(&mut self, checker: &Checker) -> hccn_runtime::Result<()> {
+        match self {
+            Buf::Host(b) => checker.fill(b),
+            Buf::Device(d) => {
+                let mut host = vec![0u8; d.len()];
+                checker.fill(&mut host);
+                d.upload(&host)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn wrong(&self, checker: &Checker, count: usize) -> hccn_runtime::Result<u64> {
+        Ok(match self {
+            Buf::Host(b) => checker.wrong(b, count),
+            Buf::Device(d) => {
+                let mut host = vec![0u8; d.len()];
+                d.download(&mut host)?;
+                checker.wrong(&host, count)
+            }
+        })
+    }
+}
 
 /// The buffers of one size step and the operation over them.
 struct Step {
@@ -323,30 +362,36 @@ struct Step {
 }
 
 impl Step {
-    fn new(o: &Options, layout: Layout, checker: &Checker) -> Result<Step, String> {
+    fn new(
+        o: &Options,
+        layout: Layout,
+        checker: &Checker,
+        device: Option<&Arc<dyn DeviceMemory>>,
+    ) -> Result<Step, String> {
         let es = o.dt.size();
         let alloc = |elems: u64| -> Result<Buf, String> {
             let bytes = usize::try_from(elems)
                 .ok()
                 .and_then(|e| e.checked_mul(es))
                 .ok_or_else(|| format!("{} bytes do not fit in memory", layout.bytes))?;
-            Ok(match o.register {
-                true => Box::new(SharedBuf::new(bytes).map_err(|e| e.to_string())?),
-                false => Box::new(vec![0u8; bytes]),
+            Ok(match (device, o.register) {
+                (Some(m), _) => Buf::Device(DeviceBuffer::new(m.clone(), bytes).map_err(|e| e.to_string())?),
+                (None, true) => Buf::Host(Box::new(SharedBuf::new(bytes).map_err(|e| e.to_string())?)),
+                (None, false) => Buf::Host(Box::new(vec![0u8; bytes])),
             })
         };
         let mut step = Step { send: alloc(layout.send_elems)?, recv: alloc(layout.recv_elems)?, layout };
-        checker.fill(&mut step.send);
+        step.send.fill(checker).map_err(|e| e.to_string())?;
         if o.coll == Coll::Broadcast {
             // Broadcast works in place: the root's buffer is the source.
-            checker.fill(&mut step.recv);
+            step.recv.fill(checker).map_err(|e| e.to_string())?;
         }
         Ok(step)
     }
 
-    fn run(&mut self, o: &Options, comm: &Communicator) -> hccn_runtime::Result<()> {
-        let send = Ptr::from_const(self.send.as_ptr());
-        let recv = Ptr::from_mut(self.recv.as_mut_ptr());
+    fn run(&mut self, o: &Options, comm: &dyn BackendComm) -> hccn_runtime::Result<()> {
+        let send = self.send.ptr();
+        let recv = self.recv.ptr();
         let (count, dt, op, root) = (self.layout.count, o.dt, o.op, o.root);
         let op = match o.coll {
             Coll::AllReduce => Op::AllReduce { send, recv, count, dt, op },
@@ -356,8 +401,9 @@ impl Step {
             Coll::ReduceScatter => Op::ReduceScatter { send, recv, recv_count: count, dt, op },
             Coll::AllToAll => Op::AllToAll { send, recv, count_per_rank: count, dt },
         };
-        // SAFETY: `send` and `recv` are owned by `self`, sized by `Coll::layout` for exactly
-        // this op and count, and outlive the call, which blocks until done (no stream).
+        // SAFETY: `send` and `recv` are owned by `self`, memory of the communicator's backend,
+        // sized by `Coll::layout` for exactly this op and count, and outlive the call, which
+        // blocks until done (no stream).
         unsafe { comm.submit(op, None) }
     }
 }
@@ -418,7 +464,19 @@ fn steps(o: &Options, n: u32) -> Result<Vec<(u64, Option<Layout>)>, String> {
 
 /// Runs the sweep; `Ok(false)` when some result was wrong.
 fn run(o: &Options) -> Result<bool, String> {
-    let comm = crate::join_job_with(|cfg| cfg.algo = o.algo.unwrap_or(cfg.algo))?;
+    let mut cfg_seen = None;
+    let joined = crate::join_job_with(|cfg| {
+        cfg.algo = o.algo.unwrap_or(cfg.algo);
+        cfg_seen = Some(cfg.clone());
+    })?;
+    let cfg = cfg_seen.unwrap_or_default();
+    // Buffers are the backend's memory; the native backend keeps heap buffers (or -R's).
+    let device = match cfg.backend {
+        BackendKind::Native => None,
+        _ => Some(hccn_runtime::backend::get(&cfg).and_then(|b| b.memory(&cfg)).map_err(|e| e.to_string())?),
+    };
+    // Timing, barriers and the checks' sums run on the control plane, the operation on the data path.
+    let comm: &Communicator = joined.control();
     let (me, n) = (comm.rank(), comm.size());
     if o.coll.rooted() && o.root >= n {
         return Err(format!("--root {} is not a rank of this {n}-rank job", o.root));
@@ -451,25 +509,26 @@ fn run(o: &Options) -> Result<bool, String> {
                 emit(&format!("# {} bytes: algorithm {algo}, chunk {chunk}", layout.bytes));
             }
         }
-        let mut step = Step::new(o, layout, &checker).map_err(|e| format!("rank {me}: {what}: {e}"))?;
+        let mut step =
+            Step::new(o, layout, &checker, device.as_ref()).map_err(|e| format!("rank {me}: {what}: {e}"))?;
         for _ in 0..o.warmup {
-            step.run(o, &comm).map_err(|e| failed(&what, e))?;
+            step.run(o, joined.as_ref()).map_err(|e| failed(&what, e))?;
         }
         let mut runs = Vec::with_capacity(o.reps as usize);
         for _ in 0..o.reps {
-            barrier(&comm).map_err(|e| failed(&format!("barrier before {what}"), e))?;
+            barrier(comm).map_err(|e| failed(&format!("barrier before {what}"), e))?;
             let t0 = Instant::now();
             for _ in 0..o.iters {
-                step.run(o, &comm).map_err(|e| failed(&what, e))?;
+                step.run(o, joined.as_ref()).map_err(|e| failed(&what, e))?;
             }
             let local_us = t0.elapsed().as_secs_f64() * 1e6 / f64::from(o.iters);
-            runs.push(max_over_ranks(&comm, local_us).map_err(|e| failed("time reduction", e))?);
+            runs.push(max_over_ranks(comm, local_us).map_err(|e| failed("time reduction", e))?);
         }
         runs.sort_by(f64::total_cmp);
         let us = runs[runs.len() / 2];
         let wrong = if o.check {
-            let mine = checker.wrong(&step.recv, layout.count as usize);
-            Some(sum_over_ranks(&comm, mine).map_err(|e| failed("wrong-count reduction", e))?)
+            let mine = step.recv.wrong(&checker, layout.count as usize).map_err(|e| failed("reading the result", e))?;
+            Some(sum_over_ranks(comm, mine).map_err(|e| failed("wrong-count reduction", e))?)
         } else {
             None
         };
