@@ -37,7 +37,7 @@ fn matrix_on_threads_world_sizes_1_to_5() {
 /// power-of-two and the folded (non-power-of-two) cases of recursive halving-doubling.
 #[test]
 fn matrix_with_each_algorithm_forced() {
-    use hccn_runtime::collectives::select::AlgoChoice;
+    use hccn_runtime::tuning::AlgoChoice;
     let dtypes = [DataType::Int8, DataType::Fp16, DataType::Fp32, DataType::Int64];
     for algo in [AlgoChoice::Ring, AlgoChoice::Rhd, AlgoChoice::Tree] {
         for n in [2u32, 3, 4, 6, 7] {
@@ -101,7 +101,7 @@ fn allgatherv_with_unequal_large_blocks_and_default_chunks() {
 
 #[test]
 fn hier_without_hosts_is_a_clear_error() {
-    use hccn_runtime::collectives::select::AlgoChoice;
+    use hccn_runtime::tuning::AlgoChoice;
     use hccn_runtime::ErrorKind;
     let comms = world(2, &Config { algo: AlgoChoice::Hier, ..config() });
     let errs: Vec<_> = comms

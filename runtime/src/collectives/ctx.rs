@@ -142,18 +142,18 @@ impl<'a> Ctx<'a> {
     }
 
     /// The algorithm HCCN_ALGO forces, or `Auto`.
-    pub fn forced_algo(&self) -> super::select::AlgoChoice {
+    pub fn forced_algo(&self) -> crate::tuning::AlgoChoice {
         self.comm.tuning.algo
     }
 
     /// How ranks of one host reach each other (HCCN_TRANSPORT, the same in every process of a
     /// job), for the cost model.
-    pub fn intra_kind(&self) -> super::select::TransportKind {
+    pub fn intra_kind(&self) -> crate::tuning::TransportKind {
         self.comm.tuning.intra
     }
 
     /// The link figures the world agreed on at creation (see `comm::linkcost`).
-    pub fn link_costs(&self) -> super::select::LinkCosts {
+    pub fn link_costs(&self) -> crate::tuning::LinkCosts {
         self.comm.tuning.costs
     }
 

@@ -20,7 +20,7 @@ use super::ring_compressed::CompressedRing;
 use super::tree::BinomialTree;
 use super::{Algorithm, Ctx, Ptr, Work};
 use crate::error::{Error, Result};
-pub use crate::tuning::{AlgoChoice, LinkCost, LinkCosts, TransportKind};
+use crate::tuning::{AlgoChoice, LinkCost, LinkCosts, TransportKind};
 use crate::types::{DataType, ReduceOp};
 
 /// What the cost functions know about a communicator.

@@ -1,9 +1,10 @@
 //! What the algorithm selection would do on this communicator, for tools (hccn-perf).
 
 use super::Communicator;
-use crate::collectives::select::{self, LinkCosts};
+use crate::collectives::select;
 use crate::collectives::Ctx;
 use crate::error::Result;
+use crate::tuning::LinkCosts;
 use crate::wire::FrameKind;
 
 impl Communicator {

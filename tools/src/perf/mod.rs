@@ -6,7 +6,7 @@ mod check;
 use std::io::{self, Write};
 use std::time::{Duration, Instant};
 
-use hccn_runtime::collectives::select::AlgoChoice;
+use hccn_runtime::tuning::AlgoChoice;
 use std::sync::Arc;
 
 use hccn_runtime::backend::{DeviceBuffer, DeviceMemory};
