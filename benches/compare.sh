@@ -168,7 +168,7 @@ colls_run() {
     else
         local btl=(--mca btl self,vader)
         if [[ $transport == tcp ]]; then btl=(--mca btl self,tcp --mca btl_tcp_if_include lo); fi
-        cmd=(timeout -k 10 900 "${mpirun_[@]}" -np "$n" "${btl[@]}" "$out/colls_mpi" "${args[@]}")
+        cmd=(timeout -k 10 900 "${mpirun_colls[@]}" -np "$n" "${btl[@]}" "$out/colls_mpi" "${args[@]}")
     fi
     log "colls sweep $sweep: $lib $transport, $n ranks"
     local t0=$SECONDS
@@ -195,14 +195,20 @@ colls_step() {
             done
         done
     done
+    cut -d' ' -f1-3 /proc/loadavg >>"$out/load.txt"
     log "every-collective sweep: $((SECONDS - t0)) s"
     local doc=(--doc docs/algorithms.md)
     if ((quick)); then doc=(); fi
     python3 benches/compare/colls_table.py "$out" "${doc[@]}" --command "$command"
 }
 
-# Neither library's ranks are bound to cores (hccnrun's default); ob1 so that the btl is used.
+# Step 1 binds neither library's ranks to cores (hccnrun's default). Step 2 starts each library
+# as its launcher does by default: hccnrun binds none, mpirun binds 2 ranks to a core each and
+# leaves 4 oversubscribed ranks unbound (unbound, Open MPI's busy-polling ranks that the
+# scheduler puts on one core take 4 ms time slices in turn). ob1 so that the btl is used
+# (Debian's Open MPI would pick UCX otherwise).
 mpirun_=(mpirun --allow-run-as-root --oversubscribe --bind-to none --mca pml ob1)
+mpirun_colls=(mpirun --allow-run-as-root --oversubscribe --mca pml ob1)
 started=$SECONDS
 if ((!colls_only)); then allreduce_step; fi
 colls_step

@@ -155,14 +155,16 @@ def section(runs, d, command):
             if m:
                 reps = f"{m.group(1)} repetitions of ~{m.group(2)} s"
                 break
-    load = open(os.path.join(d, "load.txt")).read().strip() if os.path.exists(os.path.join(d, "load.txt")) else "?"
+    load_path = os.path.join(d, "load.txt")
+    load = " → ".join(open(load_path).read().split("\n")).strip(" →") if os.path.exists(load_path) else "?"
     dirty = " (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs/algorithms.md") else ""
     out = [BEGIN,
            f"Measured {datetime.date.today().isoformat()} at HEAD `{git('rev-parse', '--short', 'HEAD')}`{dirty} "
-           f"by `{command}` on {os.cpu_count()} cores against {mpi} (load average before: {load}).",
+           f"by `{command}` on {os.cpu_count()} cores against {mpi} (load average before → after the sweeps: {load}).",
            "",
            "Method: one timing loop, `benches/compare/colls.c`, compiled for hccn's C ABI (ranks started "
-           "by `hccnrun`) and for MPI (`mpirun --bind-to none --mca pml ob1`); neither is bound to cores. "
+           "by `hccnrun`, unbound) and for MPI (`mpirun --oversubscribe --mca pml ob1`, which binds 2 ranks "
+           "to a core each and leaves 4 unbound). "
            "fp32, sum, root 0, heap buffers. S (the column) is each rank's send buffer for allreduce, "
            "broadcast, reduce and alltoall (n blocks of S/n), each rank's contribution for allgather "
            "(it receives n·S) and each rank's whole input for reduce_scatter (it receives S/n). "
