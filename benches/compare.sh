@@ -155,26 +155,27 @@ allreduce_step() {
 }
 
 # --- step 2: every collective beside Open MPI --------------------------------------------------
-# One run of colls.c for library $1 (hccn or mpi) over transport $2 (shm or tcp) with $3 ranks,
-# into colls-$1-$2-np$3-sweep$4.txt; a run that fails is logged and its cells show as missing.
+colls_ops=(allreduce allgather reduce_scatter broadcast alltoall reduce)
+# One run of colls.c for library $1 (hccn or mpi) over transport $2 (shm or tcp) with $3 ranks and
+# collective $5, appended to colls-$1-$2-np$3-sweep$4.txt; a run that fails is logged and its
+# cells show as missing.
 colls_run() {
-    local lib=$1 transport=$2 n=$3 sweep=$4
+    local lib=$1 transport=$2 n=$3 sweep=$4 op=$5
     local name="$out/colls-$lib-$transport-np$n-sweep$sweep"
-    local args=(--max "$colls_max")
+    local args=(--max "$colls_max" --ops "$op")
     local cmd
     if [[ $lib == hccn ]]; then
-        cmd=("$bin/hccnrun" --timeout 900 -n "$n" "$out/colls_hccn" "${args[@]}")
+        cmd=("$bin/hccnrun" --timeout 600 -n "$n" "$out/colls_hccn" "${args[@]}")
         if [[ $transport == tcp ]]; then cmd=(env HCCN_TRANSPORT=tcp "${cmd[@]}"); fi
     else
         local btl=(--mca btl self,vader)
         if [[ $transport == tcp ]]; then btl=(--mca btl self,tcp --mca btl_tcp_if_include lo); fi
-        cmd=(timeout -k 10 900 "${mpirun_colls[@]}" -np "$n" "${btl[@]}" "$out/colls_mpi" "${args[@]}")
+        cmd=(timeout -k 10 600 "${mpirun_colls[@]}" -np "$n" "${btl[@]}" "$out/colls_mpi" "${args[@]}")
     fi
-    log "colls sweep $sweep: $lib $transport, $n ranks"
-    local t0=$SECONDS
-    "${cmd[@]}" >"$name.txt" 2>"$name.err" || log "colls: $lib $transport np$n sweep $sweep failed: $(tail -3 "$name.err")"
-    log "  $((SECONDS - t0)) s"
-    if grep -q WRONG "$name.txt"; then log "  wrong results: $(grep WRONG "$name.txt" | awk '{print $1, $2}' | tr '\n' ';')"; fi
+    "${cmd[@]}" >>"$name.txt" 2>>"$name.err" || log "colls: $lib $transport np$n $op (sweep $sweep) failed: $(tail -3 "$name.err")"
+    local wrong
+    wrong=$(sed -E 's/^\[[0-9]+\] //' "$name.txt" | awk -v op="$op" '$1 == op && $NF == "WRONG" {printf " %s", $2}')
+    if [[ -n $wrong ]]; then log "colls: $lib $transport np$n $op: WRONG results at bytes$wrong"; fi
 }
 
 colls_step() {
@@ -182,16 +183,20 @@ colls_step() {
     colls_max=$((64 << 20))
     if ((quick)); then sweeps=1 colls_max=$((1 << 20)); fi
     cut -d' ' -f1-3 /proc/loadavg >"$out/load.txt"
-    local t0=$SECONDS sweep
-    # hccn and Open MPI alternate which goes first, so that a drift in the machine's load
-    # falls on both alike.
+    local t0=$SECONDS sweep config lib i
+    # Each collective is a run of its own, hccn's and Open MPI's back to back, the one first
+    # that went second the time before: a change in the machine's load (it is shared) falls on
+    # both alike, seconds apart rather than minutes.
     for ((sweep = 1; sweep <= sweeps; sweep++)); do
-        local order=(hccn mpi)
-        if ((sweep % 2 == 0)); then order=(mpi hccn); fi
         for config in "shm 2" "shm 4" "tcp 2"; do
-            for lib in "${order[@]}"; do
-                # shellcheck disable=SC2086
-                colls_run "$lib" $config "$sweep"
+            log "colls sweep $sweep of $sweeps: $config ranks"
+            for ((i = 0; i < ${#colls_ops[@]}; i++)); do
+                local order=(hccn mpi)
+                if (((sweep + i) % 2 == 0)); then order=(mpi hccn); fi
+                for lib in "${order[@]}"; do
+                    # shellcheck disable=SC2086
+                    colls_run "$lib" $config "$sweep" "${colls_ops[i]}"
+                done
             done
         done
     done

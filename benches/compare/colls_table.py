@@ -171,7 +171,8 @@ def section(runs, d, command):
            f"Per cell: warm-up, then {reps} (calls scaled by size), each after a barrier, timing "
            "the slowest rank's mean per call; then one call checked element by element. "
            f"A cell is the median of all {len(sweeps)}×{reps.split()[0]} repetitions of "
-           f"{len(sweeps)} sweeps (run one after the other, hccn and Open MPI alternating). "
+           f"{len(sweeps)} sweeps; each collective is a run of its own, hccn's and Open MPI's back to back, "
+           "alternating which goes first. "
            f"Ratio = hccn latency / Open MPI latency: **bold** above {LOSE_CLEARLY:.2f}, *italic* above "
            f"{LOSE:.1f}; ~ marks a cell whose two sweeps disagree (noise).",
            ""]
