@@ -165,7 +165,9 @@ colls_run() {
     local args=(--max "$colls_max" --ops "$op")
     local cmd
     if [[ $lib == hccn ]]; then
-        cmd=("$bin/hccnrun" --timeout 600 -n "$n" "$out/colls_hccn" "${args[@]}")
+        local bind=()
+        if ((n <= $(nproc))); then bind=(--bind-to core); fi
+        cmd=("$bin/hccnrun" --timeout 600 -n "$n" "${bind[@]}" "$out/colls_hccn" "${args[@]}")
         if [[ $transport == tcp ]]; then cmd=(env HCCN_TRANSPORT=tcp "${cmd[@]}"); fi
     else
         local btl=(--mca btl self,vader)
@@ -207,11 +209,13 @@ colls_step() {
     python3 benches/compare/colls_table.py "$out" "${doc[@]}" --command "$command"
 }
 
-# Step 1 binds neither library's ranks to cores (hccnrun's default). Step 2 starts each library
-# as its launcher does by default: hccnrun binds none, mpirun binds 2 ranks to a core each and
-# leaves 4 oversubscribed ranks unbound (unbound, Open MPI's busy-polling ranks that the
-# scheduler puts on one core take 4 ms time slices in turn). ob1 so that the btl is used
-# (Debian's Open MPI would pick UCX otherwise).
+# Step 1 binds neither library's ranks to cores (hccnrun's default). Step 2 places both as
+# mpirun does by default: a core each while there are enough cores (2 ranks here), unbound when
+# oversubscribed (4). Unbound on this shared machine, two ranks the scheduler put on one core
+# while other work held the other measured that placement instead of the library: Open MPI's
+# busy-polling ranks took 4 ms time slices in turn (4,000 us for a 64-byte allreduce), hccn's
+# waiters spun out their 20 us before sleeping (34-55 us for 64 bytes instead of 0.5-1).
+# ob1 so that the btl is used (Debian's Open MPI would pick UCX otherwise).
 mpirun_=(mpirun --allow-run-as-root --oversubscribe --bind-to none --mca pml ob1)
 mpirun_colls=(mpirun --allow-run-as-root --oversubscribe --mca pml ob1)
 started=$SECONDS

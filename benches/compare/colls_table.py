@@ -163,8 +163,8 @@ def section(runs, d, command):
            f"by `{command}` on {os.cpu_count()} cores against {mpi} (load average before → after the sweeps: {load}).",
            "",
            "Method: one timing loop, `benches/compare/colls.c`, compiled for hccn's C ABI (ranks started "
-           "by `hccnrun`, unbound) and for MPI (`mpirun --oversubscribe --mca pml ob1`, which binds 2 ranks "
-           "to a core each and leaves 4 unbound). "
+           "by `hccnrun`) and for MPI (`mpirun --oversubscribe --mca pml ob1`); both placed as mpirun "
+           "places ranks by default: a core each for 2 ranks (`hccnrun --bind-to core`), unbound for 4. "
            "fp32, sum, root 0, heap buffers. S (the column) is each rank's send buffer for allreduce, "
            "broadcast, reduce and alltoall (n blocks of S/n), each rank's contribution for allgather "
            "(it receives n·S) and each rank's whole input for reduce_scatter (it receives S/n). "
