@@ -399,13 +399,16 @@ impl Reader<'_> {
     fn rank(&mut self) -> Option<u32> {
         self.u32().filter(|&r| r < self.n)
     }
+    /// A set of ranks, strictly ascending as `encode` writes it: a repeat or disorder is a
+    /// malformed message, not a different spelling of the same set.
     fn ranks(&mut self) -> Option<Vec<u32>> {
         let len = self.u32()?;
         // A list longer than the communicator is malformed, not a reason to allocate.
         if len > self.n {
             return None;
         }
-        (0..len).map(|_| self.rank()).collect()
+        let ranks = (0..len).map(|_| self.rank()).collect::<Option<Vec<u32>>>()?;
+        ranks.windows(2).all(|w| w[0] < w[1]).then_some(ranks)
     }
     fn ballot(&mut self) -> Option<Ballot> {
         Some((self.u32()?, self.rank()?))
@@ -417,9 +420,15 @@ impl Reader<'_> {
             return None;
         }
         let mut k = Knowledge { dead, ..Knowledge::default() };
+        let mut last = None;
         for _ in 0..cuts {
-            let (a, b) = (self.rank()?, self.rank()?);
-            k.cut(a, b);
+            // Each link once, as (lower, higher), in ascending order: the canonical spelling.
+            let cut = (self.rank()?, self.rank()?);
+            if cut.0 >= cut.1 || last >= Some(cut) {
+                return None;
+            }
+            last = Some(cut);
+            k.cut(cut.0, cut.1);
         }
         Some(k)
     }
@@ -535,6 +544,14 @@ mod tests {
             assert_eq!(decode(&b[..b.len() - 1], 4), None, "truncated {m:?}");
         }
         assert_eq!(decode(&encode(&Msg::Commit { failed: vec![9] }), 4), None, "rank out of range");
+        // A set spelled with a repeat or out of order is malformed (found by the bootstrap fuzzer).
+        assert_eq!(decode(&encode(&Msg::Commit { failed: vec![2, 2] }), 4), None, "repeated rank");
+        assert_eq!(decode(&encode(&Msg::Commit { failed: vec![2, 1] }), 4), None, "disorder");
+        let reject = [4, 3, 1, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(decode(&reject, 37), None, "dead set with repeats");
+        let mut cut_backwards = vec![KNOW, 0, 0, 0, 0, 1, 0, 0, 0];
+        cut_backwards.extend([2, 0, 0, 0, 1, 0, 0, 0]);
+        assert_eq!(decode(&cut_backwards, 4), None, "cut spelled (higher, lower)");
         assert_eq!(decode(&[COMMIT, 0xff, 0xff, 0xff, 0xff], 4), None, "absurd length");
         assert_eq!(decode(&[42], 4), None);
     }
