@@ -57,7 +57,7 @@ pub const VARIABLES: &[Variable] = &[
     Variable { name: "HCCN_LEASE_TTL_S", default: DefaultIs::Value(|c| c.lease_ttl.as_secs().to_string()), meaning: "With an etcd store, each world communicator's membership key lives on a lease of this many seconds, kept alive in the background: a backstop that declares a rank failed when its process dies or freezes, even with heartbeats off (1 .. 3600; etcd may round it up)." },
     Variable { name: "HCCN_TRACE", default: DefaultIs::Text("(off)"), meaning: "Directory where each rank writes a Chrome trace-event file `hccn-trace-<job>-<rank>.json` (one event per operation and per transfer); see docs/observability.md." },
     Variable { name: "HCCN_TRANSPORT", default: DefaultIs::Value(|c| c.transport.name().to_owned()), meaning: "Data transport between ranks: `auto` (shared memory between ranks on one host, TCP between hosts), `tcp` (TCP everywhere), `shm` (shared memory, and an error if a peer is on another host). TCP always stays for control and failure detection." },
-    Variable { name: "HCCN_BOARD_BYTES", default: DefaultIs::Value(|c| c.board_bytes.to_string()), meaning: "Largest allreduce (in bytes) that a communicator whose ranks all share one host runs on its shared-memory board: one round in which each rank posts its buffer and folds everyone's (see docs/algorithms.md); `0` sends such allreduces as messages (recursive doubling). At most 4096." },
+    Variable { name: "HCCN_BOARD_BYTES", default: DefaultIs::Value(|c| c.board_bytes.to_string()), meaning: "Largest post (in bytes) of a collective that a communicator whose ranks all share one host runs on its shared-memory board: one round in which each rank posts what it contributes (an allreduce its buffer, an allgather its block, an alltoall its whole input) and reads what it needs of everyone's (see docs/algorithms.md); `0` sends every collective as messages. At most 4096." },
     Variable { name: "HCCN_CMA", default: DefaultIs::Value(|c| if c.cma { "auto" } else { "off" }.to_owned()), meaning: "Single-copy reads of large shared-memory messages with `process_vm_readv` (cross-memory attach): `auto` (used between two ranks when a probe at connection shows the kernel permits it, and, where the host's ranks outnumber its cores, only for buffers from `hccn_mem_alloc`) or `off` (every byte goes through the shared-memory rings)." },
     Variable { name: "HCCN_LOG", default: DefaultIs::Value(|c| c.log.clone()), meaning: "Log filter: a level (`off`, `error`, `warn`, `info`, `debug`, `trace`) or a comma-separated list of levels and `target=level` items (tracing's syntax); any other value is refused. Logs go to stderr." },
     Variable { name: "HCCN_BACKEND", default: DefaultIs::Value(|c| c.backend.name().to_owned()), meaning: "Data path of new communicators: `native` (hccn's TCP runtime) or `hccl` (Huawei HCCL on Ascend NPUs, loaded at run time; see docs/hccl.md)." },
@@ -126,7 +126,7 @@ pub struct Config {
     pub link_cost: LinkCostSource,
     /// `HCCN_CMA`: may large shared-memory messages be read with process_vm_readv?
     pub cma: bool,
-    /// `HCCN_BOARD_BYTES`: the largest allreduce that goes to the shared-memory board.
+    /// `HCCN_BOARD_BYTES`: the largest post of a collective that goes to the shared-memory board.
     pub board_bytes: usize,
     /// `HCCN_ETCD_*`: TLS and login for `etcd://` stores.
     pub etcd: EtcdAccess,

@@ -49,6 +49,14 @@ fn sigkill_amid_small_board_allreduces_fails_survivors_within_two_seconds() {
     }
 }
 
+#[test]
+fn sigkill_amid_small_collectives_of_every_kind_fails_survivors_within_two_seconds() {
+    // Broadcast, reduce, allgather, reduce-scatter, alltoall and barrier take the board too.
+    for n in [2u32, 3, 4] {
+        sigkill_mid(n, "kill-small-every-kind", &[]);
+    }
+}
+
 /// The last of `n` ranks SIGKILLs itself in a large allreduce: every survivor must report the
 /// failure (naming it) within 2 s, and no process may outlive the job.
 fn sigkill_mid_allreduce(n: u32, env: &[(&str, &str)]) -> launch::Outcome {

@@ -178,6 +178,37 @@ fn bucket_flushes_when_full_and_reduces_oversized_tensors_alone() {
     assert!(bufs.iter().all(|v| v.iter().all(|x| *x == 1.5)), "a world of one reduces to the input");
 }
 
+/// Every small collective of a one-host communicator goes to the shared-memory board (default
+/// HCCN_BOARD_BYTES), and none with HCCN_BOARD_BYTES=0: the whole matrix (dtypes, ops, counts
+/// 0/1/7/odd, every root, in place) through both paths, up to 8 ranks.
+#[test]
+fn matrix_with_the_board_on_and_off() {
+    let dtypes = [DataType::Int8, DataType::Fp16, DataType::Fp32, DataType::Int64];
+    let colls = ["allreduce", "reduce", "broadcast", "allgather", "gather", "reduce_scatter", "scatter", "alltoall"];
+    for (n, board_bytes) in [(6u32, 4096usize), (7, 4096), (8, 4096), (2, 0), (3, 0), (4, 0)] {
+        let comms = world(n, &Config { board_bytes, ..config() });
+        for op in colls.iter().chain(&["barrier"]) {
+            let algo = comms[0].plan(op, 64 * n as usize).ok().flatten().map(|p| p.0);
+            assert_eq!(
+                algo == Some("board"),
+                board_bytes > 0,
+                "{op} on {n} ranks, board bytes {board_bytes}: {algo:?}"
+            );
+        }
+        let reports: Vec<_> =
+            comms.into_iter().map(|c| std::thread::spawn(move || matrix::run(&c, &dtypes, &[0, 1, 7, 129]))).collect();
+        for h in reports {
+            let rep = h.join().expect("rank thread");
+            assert!(
+                rep.failures.is_empty(),
+                "world {n}, board bytes {board_bytes}: {} failures, first: {:#?}",
+                rep.failures.len(),
+                &rep.failures[..rep.failures.len().min(10)]
+            );
+        }
+    }
+}
+
 /// Small allreduces take the shared-memory board, each in its turn: here many at once on three
 /// streams per rank (more in flight than the board has slots per rank), mixed with larger ones
 /// that take messages, and every result must be exact on every rank.

@@ -1,28 +1,34 @@
-//! Board allreduce for the smallest buffers on a communicator whose ranks all share one host:
-//! each rank posts its buffer on the communicator's shared-memory board and folds every post
-//! itself, in rank order (see transport/shm_board.rs). One round of waiting, no messages; with more
-//! ranks than cores that saves the context switches that each extra round costs.
+//! Board collectives for the smallest calls on a communicator whose ranks all share one host:
+//! each rank posts its bytes on the communicator's shared-memory board once and reads, in rank
+//! order, what it needs from every post (see transport/shm_board.rs): an allreduce folds all
+//! posts, an allgather copies them, a broadcast takes the root's, an alltoall takes its block of
+//! each. One round of waiting, no messages; with more ranks than cores that saves the context
+//! switches that each extra round costs. Every rank waits for every post, the root of a broadcast
+//! too, and checks its fingerprint: a call that differs anywhere is found by every rank.
 //!
-//! Whether an allreduce goes to the board is decided when it is submitted, from what every
-//! rank shares (the host layout, HCCN_TRANSPORT, HCCN_ALGO, the size), and board operations are
-//! numbered then ("turns"), so that every rank gives the same operation the same slot even when
-//! streams run them in another order. The board itself is made by the first board operation:
-//! rank 0 creates the file and names it, every rank maps it and says so, rank 0 unlinks it and
-//! announces whether all succeeded. If not, every board operation of the communicator runs
-//! recursive doubling instead; all ranks know the same verdict.
+//! Whether a call goes to the board is decided when it is submitted, from what every rank
+//! shares (the host layout, HCCN_TRANSPORT, HCCN_ALGO, HCCN_BOARD_BYTES and the call's
+//! fingerprint), and board calls are numbered then ("turns"), so that every rank gives the same
+//! call the same slot even when streams run them in another order. The board itself is made by
+//! the first board call: rank 0 creates the file and names it, every rank maps it and says so,
+//! rank 0 unlinks it and announces whether all succeeded. If not, every board call of the
+//! communicator goes to the message algorithms instead; all ranks know the same verdict.
 
 use crate::sync::{Locked, Waits};
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::Instant;
 
-use super::rhd::RD;
-use super::{fingerprint, Algorithm, Ctx, ReduceArgs, Work};
+use super::{fingerprint, Algorithm, AllToAllArgs, Ctx, GatherArgs, ReduceArgs, ReduceScatterArgs, ScatterArgs};
 use crate::error::{Error, Result};
+use crate::reduce;
 use crate::transport::shm_board::{Board, Watch, BOARD_BYTES, BOARD_RANKS};
+use crate::types::{DataType, ReduceOp};
 use crate::wire::Fingerprint;
 
-pub(crate) struct BoardAllreduce;
+/// The algorithm of every call that goes to the board.
+pub(crate) struct BoardCollectives;
 
 /// Tags of the set-up messages, far from those of the algorithms (small step numbers).
 const TAG_NAME: u32 = 0x4000_0000;
@@ -33,6 +39,7 @@ const NAME_MSG: usize = 128;
 
 /// A communicator's board: whether it may have one, the turn counter, the board once made.
 pub(crate) struct BoardCell {
+    n: u32,
     usable: bool,
     /// HCCN_BOARD_BYTES.
     max_bytes: usize,
@@ -52,8 +59,9 @@ impl BoardCell {
     /// `max_bytes`: HCCN_BOARD_BYTES. All are the same on every member.
     pub fn new(n: u32, shared_host: bool, shm: bool, auto: bool, max_bytes: usize) -> BoardCell {
         BoardCell {
+            n,
             max_bytes: max_bytes.min(BOARD_BYTES),
-            usable: shared_host && shm && auto && (2..=BOARD_RANKS).contains(&n),
+            usable: shared_host && shm && auto && max_bytes > 0 && (2..=BOARD_RANKS).contains(&n),
             turns: AtomicU64::new(0),
             board: OnceLock::new(),
             setup_done: Mutex::new(false),
@@ -61,30 +69,27 @@ impl BoardCell {
         }
     }
 
-    /// Whether an allreduce of `bytes` goes to the board (the same answer on every rank).
-    pub fn takes(&self, bytes: usize) -> bool {
-        self.usable && bytes > 0 && bytes <= self.max_bytes
+    /// Whether a call whose largest post is `post_bytes` goes to the board.
+    fn takes(&self, post_bytes: usize) -> bool {
+        self.usable && post_bytes <= self.max_bytes
     }
 
-    /// Whether the call `fp` goes to the board on this communicator (what `turn_for` decides).
+    /// Whether the call `fp` goes to the board on this communicator (the same answer on every
+    /// rank that made the same call). A call of nothing goes too: its post is its fingerprint.
     pub fn goes(&self, fp: &Fingerprint) -> bool {
-        match fingerprint::allreduce_bytes(fp) {
-            Some(0) => self.usable,
-            Some(bytes) => self.takes(bytes),
-            None => false,
-        }
+        fingerprint::board_post(fp, self.n).is_some_and(|bytes| self.takes(bytes))
     }
 
-    /// The turn of `work` when it goes to the board (`empty_allreduce`: an allreduce of 0
-    /// elements, which posts nothing but its fingerprint); call once per operation, in submit
-    /// order.
-    pub fn turn_for(&self, work: &Work, empty_allreduce: bool) -> Option<u64> {
-        let goes = match work {
-            Work::Reduce { root: None, bytes, .. } => self.takes(*bytes),
-            Work::Nothing => empty_allreduce && self.usable,
-            _ => false,
-        };
-        goes.then(|| self.turns.fetch_add(1, Ordering::SeqCst))
+    /// Whether the collective `op` (an `Op::name`) over `bytes` (the whole buffer, as
+    /// `select::plan_name` reads it) would go to the board, for tools.
+    pub fn would_take(&self, op: &str, bytes: usize) -> bool {
+        fingerprint::for_plan(op, bytes, self.n).is_some_and(|fp| self.goes(&fp)) && self.is_on()
+    }
+
+    /// The turn of the call `fp` when it goes to the board; call once per collective, in
+    /// submit order.
+    pub fn turn_for(&self, fp: &Fingerprint) -> Option<u64> {
+        self.goes(fp).then(|| self.turns.fetch_add(1, Ordering::SeqCst))
     }
 
     /// False once the set-up failed: the board operations run recursive doubling.
@@ -99,6 +104,11 @@ impl BoardCell {
         }
         *self.setup_done.locked() = true;
         self.decided.notify_all();
+        self.board.get()
+    }
+
+    /// The board once made (every board call after [`settle`]).
+    fn made(&self) -> Option<&Board> {
         self.board.get()
     }
 
@@ -125,7 +135,7 @@ impl BoardCell {
             // Turn 0 was submitted before this one, on this rank: it runs or is queued.
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(Error::timeout("the communicator's first small allreduce never ran (HCCN_TIMEOUT_MS)"));
+                return Err(Error::timeout("the communicator's first board call never ran (HCCN_TIMEOUT_MS)"));
             }
             s = self.decided.wait_locked_for(s, left);
         }
@@ -142,7 +152,7 @@ fn make(ctx: &Ctx<'_>) -> Result<Option<Board>> {
         let board = (len > 0)
             .then(|| ctx.net().open_board(&path, n, me))
             .transpose()
-            .map_err(|e| tracing::warn!("no shared-memory board ({path}: {e}); small allreduces use messages"))
+            .map_err(|e| tracing::warn!("no shared-memory board ({path}: {e}); small collectives use messages"))
             .ok()
             .flatten();
         ctx.send(0, TAG_MAPPED, &[board.is_some() as u8])?;
@@ -155,7 +165,7 @@ fn make(ctx: &Ctx<'_>) -> Result<Option<Board>> {
     let board = ctx
         .net()
         .create_board(&path, n, me)
-        .map_err(|e| tracing::warn!("no shared-memory board ({path}: {e}); small allreduces use messages"))
+        .map_err(|e| tracing::warn!("no shared-memory board ({path}: {e}); small collectives use messages"))
         .ok();
     let mut msg = [0u8; NAME_MSG];
     if board.is_some() {
@@ -178,38 +188,178 @@ fn make(ctx: &Ctx<'_>) -> Result<Option<Board>> {
     Ok(board.filter(|_| all))
 }
 
-impl Algorithm for BoardAllreduce {
+/// The context `ctx` runs with: its own when its call has no board turn or the board is there,
+/// without the turn when the communicator has no board (its set-up failed on some rank, then it
+/// failed on every rank alike): the call runs the message algorithms.
+pub(crate) fn settle<'a>(ctx: &Ctx<'a>) -> Result<Ctx<'a>> {
+    match ctx.turn() {
+        Some(turn) if ctx.board_cell().get(ctx, turn)?.is_none() => Ok(ctx.without_turn()),
+        _ => Ok(*ctx),
+    }
+}
+
+/// What a rank posts: bytes of its own, or a range of the buffer its reads fill (in place).
+enum Post<'p> {
+    Bytes(&'p [u8]),
+    Out(Range<usize>),
+}
+
+/// What a rank does with one post (rank, its bytes, the rank's output).
+type Read<'r> = dyn FnMut(u32, &[u8], &mut [u8]) + 'r;
+
+/// Runs one board call: posts `post`, then hands every rank's post (`len_of(rank)` bytes) to
+/// `each` with `out`, in rank order.
+fn on_board(
+    ctx: &Ctx<'_>,
+    post: Post<'_>,
+    out: &mut [u8],
+    len_of: &dyn Fn(u32) -> usize,
+    each: &mut Read<'_>,
+) -> Result<()> {
+    let (Some(turn), Some(board)) = (ctx.turn(), ctx.board_cell().made()) else {
+        return Err(Error::internal("a board call without a board"));
+    };
+    // Taken at the first stall: most calls never stall, and need no clock.
+    let mut deadline = None;
+    let mut quick = || ctx.health_error().map_or(Ok(()), Err);
+    let mut stalled = || {
+        ctx.net().keep_moving();
+        if let Some(e) = ctx.message_for_board_turn() {
+            return Err(e);
+        }
+        if Instant::now() >= *deadline.get_or_insert_with(|| Instant::now() + ctx.timeout()) {
+            return Err(Error::timeout(format!(
+                "a small collective waited {} ms for the other ranks on this host (HCCN_TIMEOUT_MS)",
+                ctx.timeout().as_millis()
+            )));
+        }
+        Ok(())
+    };
+    let left = |waited: &dyn Fn(u32) -> bool| ctx.departed_among(waited);
+    let fp = ctx.fingerprint();
+    let differs = |rank: u32, theirs: &Fingerprint| fingerprint::mismatch(&fp, ctx.rank(), theirs, rank);
+    let mut watch = Watch { quick: &mut quick, stalled: &mut stalled, left: &left, differs: &differs };
+    let bytes = match post {
+        Post::Bytes(b) => b,
+        Post::Out(range) => &out[range],
+    };
+    board.post(turn, bytes, &fp, &mut watch)?;
+    board.read(turn, &fp, &mut watch, len_of, &mut |rank, post| each(rank, post, out))
+}
+
+/// Folds `range` of every post in rank order into the output (the same bits on every rank).
+fn fold(range: Range<usize>, dt: DataType, op: ReduceOp) -> impl FnMut(u32, &[u8], &mut [u8]) {
+    move |rank, post, acc| {
+        let part = &post[range.clone()];
+        if rank == 0 {
+            acc.copy_from_slice(part);
+        } else {
+            reduce::reduce_into(acc, part, dt, op);
+        }
+    }
+}
+
+/// Reads nothing: a rank that only checks the other calls (and lets the others read its post).
+fn nothing(_: u32, _: &[u8], _: &mut [u8]) {}
+
+impl Algorithm for BoardCollectives {
     fn name(&self) -> &'static str {
         "board"
     }
 
+    /// In place: the post is `acc` itself, copied to the board before the fold overwrites it.
     fn reduce(&self, ctx: &Ctx<'_>, w: &mut ReduceArgs<'_>) -> Result<()> {
-        let board = match ctx.turn() {
-            Some(turn) if w.root.is_none() => ctx.board_cell().get(ctx, turn)?.map(|b| (b, turn)),
-            _ => None,
-        };
-        let Some((board, turn)) = board else { return RD.reduce(ctx, w) };
-        // Taken at the first stall: most operations never stall, and need no clock.
-        let mut deadline = None;
-        let mut quick = || ctx.health_error().map_or(Ok(()), Err);
-        let mut stalled = || {
-            ctx.net().keep_moving();
-            if let Some(e) = ctx.message_for_board_turn() {
-                return Err(e);
+        let len = w.acc.len();
+        if w.root.is_some_and(|root| root != ctx.rank()) {
+            return on_board(ctx, Post::Out(0..len), w.acc, &|_| 0, &mut nothing);
+        }
+        on_board(ctx, Post::Out(0..len), w.acc, &|_| len, &mut fold(0..len, w.dt, w.op))
+    }
+
+    fn allreduce_from(&self, ctx: &Ctx<'_>, input: &[u8], w: &mut ReduceArgs<'_>) -> Result<()> {
+        let len = input.len();
+        on_board(ctx, Post::Bytes(input), w.acc, &|_| len, &mut fold(0..len, w.dt, w.op))
+    }
+
+    fn reduce_from(
+        &self,
+        ctx: &Ctx<'_>,
+        input: &[u8],
+        out: Option<&mut [u8]>,
+        dt: DataType,
+        op: ReduceOp,
+        root: u32,
+    ) -> Result<()> {
+        let len = input.len();
+        match out.filter(|_| root == ctx.rank()) {
+            Some(out) => on_board(ctx, Post::Bytes(input), out, &|_| len, &mut fold(0..len, dt, op)),
+            None => on_board(ctx, Post::Bytes(input), &mut [], &|_| 0, &mut nothing),
+        }
+    }
+
+    fn broadcast(&self, ctx: &Ctx<'_>, buf: &mut [u8], root: u32) -> Result<()> {
+        let len = buf.len();
+        let len_of = |r: u32| if r == root { len } else { 0 };
+        if root == ctx.rank() {
+            return on_board(ctx, Post::Out(0..len), buf, &len_of, &mut nothing);
+        }
+        let mut take = |r: u32, post: &[u8], out: &mut [u8]| {
+            if r == root {
+                out.copy_from_slice(post);
             }
-            if Instant::now() >= *deadline.get_or_insert_with(|| Instant::now() + ctx.timeout()) {
-                return Err(Error::timeout(format!(
-                    "a small allreduce waited {} ms for the other ranks on this host (HCCN_TIMEOUT_MS)",
-                    ctx.timeout().as_millis()
-                )));
-            }
-            Ok(())
         };
-        let left = |waited: &dyn Fn(u32) -> bool| ctx.departed_among(waited);
-        let fp = ctx.fingerprint();
-        let differs = |rank: u32, theirs: &Fingerprint| fingerprint::mismatch(&fp, ctx.rank(), theirs, rank);
-        let mut watch = Watch { quick: &mut quick, stalled: &mut stalled, left: &left, differs: &differs };
-        board.post(turn, w.acc, &fp, &mut watch)?;
-        board.fold(turn, w.acc, w.dt, w.op, &fp, &mut watch)
+        on_board(ctx, Post::Bytes(&[]), buf, &len_of, &mut take)
+    }
+
+    fn gather(&self, ctx: &Ctx<'_>, w: &mut GatherArgs<'_>) -> Result<()> {
+        let me = ctx.rank();
+        let blocks = w.blocks;
+        let len_of = |r: u32| blocks[r as usize].len();
+        if w.root.is_some_and(|root| root != me) {
+            // A gather's non-root: posts its block, keeps nothing.
+            return on_board(ctx, Post::Bytes(w.own), &mut [], &len_of, &mut nothing);
+        }
+        // The own block is in place already: it is the post.
+        let mut put = |r: u32, post: &[u8], out: &mut [u8]| {
+            if r != me {
+                out[blocks[r as usize].clone()].copy_from_slice(post);
+            }
+        };
+        on_board(ctx, Post::Out(blocks[me as usize].clone()), w.recv, &len_of, &mut put)
+    }
+
+    fn reduce_scatter(&self, ctx: &Ctx<'_>, w: &mut ReduceScatterArgs<'_>) -> Result<()> {
+        let (total, block) = (w.input.len(), w.block_bytes);
+        let mine = ctx.rank() as usize * block;
+        on_board(ctx, Post::Bytes(w.input), w.out, &|_| total, &mut fold(mine..mine + block, w.dt, w.op))
+    }
+
+    fn scatter(&self, ctx: &Ctx<'_>, w: &mut ScatterArgs<'_>) -> Result<()> {
+        let (root, blocks) = (w.root, w.blocks);
+        let span = super::span(blocks);
+        let len_of = |r: u32| if r == root { span } else { 0 };
+        let mine = blocks[ctx.rank() as usize].clone();
+        let mut take = |r: u32, post: &[u8], out: &mut [u8]| {
+            if r == root {
+                out.copy_from_slice(&post[mine.clone()]);
+            }
+        };
+        on_board(ctx, Post::Bytes(w.send), w.recv, &len_of, &mut take)
+    }
+
+    /// Only alltoall with one count for all goes to the board: rank r's block for this rank
+    /// lies where this rank's own block for itself lies.
+    fn all_to_all(&self, ctx: &Ctx<'_>, w: &mut AllToAllArgs<'_>) -> Result<()> {
+        let total = w.send.len();
+        let mine = w.send_blocks[ctx.rank() as usize].clone();
+        let recv_blocks = w.recv_blocks;
+        let mut put = |r: u32, post: &[u8], out: &mut [u8]| {
+            out[recv_blocks[r as usize].clone()].copy_from_slice(&post[mine.clone()]);
+        };
+        on_board(ctx, Post::Bytes(w.send), w.recv, &|_| total, &mut put)
+    }
+
+    fn barrier(&self, ctx: &Ctx<'_>) -> Result<()> {
+        on_board(ctx, Post::Bytes(&[]), &mut [], &|_| 0, &mut nothing)
     }
 }

@@ -16,13 +16,14 @@ use crate::transport::Key;
 use crate::types::{DataType, ReduceOp};
 use crate::wire::{Fingerprint, FrameHeader, FrameKind};
 
+#[derive(Clone, Copy)]
 pub(crate) struct Ctx<'a> {
     comm: &'a Team,
     kind: FrameKind,
     seq: u64,
     /// Pipeline chunk of this operation (the cost model's choice, at most HCCN_CHUNK_BYTES).
     chunk: usize,
-    /// The operation's turn on the communicator's board, if it goes there (see board_allreduce.rs).
+    /// The operation's turn on the communicator's board, if it goes there (see board.rs).
     turn: Option<u64>,
     /// What every rank's call must agree on (see fingerprint.rs).
     fp: Fingerprint,
@@ -43,11 +44,16 @@ impl<'a> Ctx<'a> {
         Ctx { turn, ..self }
     }
 
+    /// The same context for an operation that does not go to the board after all.
+    pub fn without_turn(&self) -> Ctx<'a> {
+        Ctx { turn: None, ..*self }
+    }
+
     pub fn turn(&self) -> Option<u64> {
         self.turn
     }
 
-    pub fn board_cell(&self) -> &'a super::board_allreduce::BoardCell {
+    pub fn board_cell(&self) -> &'a super::board::BoardCell {
         &self.comm.board
     }
 

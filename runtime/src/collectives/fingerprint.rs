@@ -77,11 +77,32 @@ pub(crate) fn of(op: &Op) -> Fingerprint {
     }
 }
 
-/// The bytes of an allreduce's buffer (what decides whether it takes the board); `None` for
-/// other calls.
-pub(crate) fn allreduce_bytes(f: &Fingerprint) -> Option<usize> {
+/// The largest post of the call `f` on the board of a communicator of `n` ranks (what decides
+/// whether it goes there): the buffer of an allreduce, reduce or broadcast, a rank's block of an
+/// allgather or gather, the whole input of a reduce-scatter, scatter or alltoall. `None` for calls
+/// that never go to the board: those whose counts differ by rank (allgatherv, alltoallv), the
+/// compressed allreduce (its point is the wire type) and send/receive.
+pub(crate) fn board_post(f: &Fingerprint, n: u32) -> Option<usize> {
+    let per_rank = match kind_name(f.op) {
+        "barrier" => return Some(0),
+        "allreduce" | "reduce" | "broadcast" | "allgather" | "gather" => 1,
+        "reduce_scatter" | "scatter" | "alltoall" => n as usize,
+        _ => return None,
+    };
     let dt = DataType::from_raw(f.dtype.checked_sub(1)?.into()).ok()?;
-    (f.op == kind("allreduce")).then(|| (f.count as usize).saturating_mul(dt.size()))
+    Some((f.count as usize).saturating_mul(dt.size()).saturating_mul(per_rank))
+}
+
+/// A fingerprint of collective `op` (an `Op::name`) over `bytes` (the whole buffer, as
+/// `select::plan_name` reads it) on `n` ranks, for tools that ask what a call would do.
+pub(crate) fn for_plan(op: &str, bytes: usize, n: u32) -> Option<Fingerprint> {
+    let count = match op {
+        "allreduce" | "reduce" | "broadcast" => bytes,
+        "allgather" | "gather" | "reduce_scatter" | "scatter" | "alltoall" => bytes / n.max(1) as usize,
+        "barrier" => 0,
+        _ => return None,
+    };
+    Some(fp(op, Some(DataType::Uint8), None, NO_ROOT, count as u64))
 }
 
 /// Whether the call's per-rank counts are outside its fingerprint (alltoallv: only the pair a

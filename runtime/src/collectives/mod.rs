@@ -2,7 +2,7 @@
 //! [`check::validate`] turns it into a [`Work`] (byte ranges, every argument checked) on the one
 //! entry path; [`select::select`] picks an [`Algorithm`]; [`execute`] runs it through a [`Ctx`].
 
-pub(crate) mod board_allreduce;
+pub(crate) mod board;
 pub(crate) mod check;
 mod ctx;
 mod dissemination;
@@ -412,6 +412,7 @@ fn span(blocks: &[Block]) -> usize {
 /// # Safety
 /// Every pointer in `work` must be valid as described by the `Op` it came from, until return.
 pub(crate) unsafe fn execute(ctx: &Ctx<'_>, work: &Work) -> Result<()> {
+    let ctx = &board::settle(ctx)?;
     let plan = select::select(work, ctx)?;
     let (algo, ctx) = (plan.algo, &ctx.with_chunk(plan.chunk));
     let _span = ctx.span(algo.name()).entered();
@@ -445,7 +446,7 @@ unsafe fn run(ctx: &Ctx<'_>, work: &Work, algo: &dyn Algorithm) -> Result<()> {
     // the send and receive ranges we slice simultaneously do not overlap, and in-place forms are
     // handled by copying first and then using a single mutable view.
     match work {
-        // An allreduce of nothing still posts its fingerprint on the board, to be checked.
+        // A call of nothing on the board still posts its fingerprint, to be checked.
         Work::Nothing if ctx.turn().is_some() => {
             algo.reduce(ctx, &mut ReduceArgs { acc: &mut [], dt: DataType::Uint8, op: ReduceOp::Sum, root: None })
         }

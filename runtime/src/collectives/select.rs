@@ -223,9 +223,9 @@ fn chunk_for(m: &Model, step: f64) -> usize {
 }
 
 pub(crate) fn select(work: &Work, ctx: &Ctx<'_>) -> Result<Plan> {
-    // Decided at submit time (see board_allreduce.rs); at most a few KiB, so its fallback needs no chunks.
+    // Decided at submit time, with the board made (see board.rs).
     if ctx.turn().is_some() {
-        return Ok(Plan { algo: &super::board_allreduce::BoardAllreduce, chunk: ctx.max_chunk() });
+        return Ok(Plan { algo: &super::board::BoardCollectives, chunk: ctx.max_chunk() });
     }
     plan(work, &Model::of(ctx), ctx.forced_algo())
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::board_allreduce::BoardCell;
+use super::board::BoardCell;
 use crate::error::{Error, ErrorKind};
 use crate::transport::{departure, news, Fault, Health, Net};
 use crate::tuning::{AlgoChoice, TransportKind, Tuning};

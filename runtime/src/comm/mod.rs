@@ -319,8 +319,7 @@ impl Communicator {
             Work::Send { seq, .. } | Work::Recv { seq, .. } => (FrameKind::P2p, seq),
             _ => (FrameKind::Collective, self.inner.coll_seq.fetch_add(1, Ordering::SeqCst)),
         };
-        let empty_allreduce = matches!((&work, &op), (Work::Nothing, Op::AllReduce { .. }));
-        let turn = self.inner.board.turn_for(&work, empty_allreduce);
+        let turn = if kind == FrameKind::Collective { self.inner.board.turn_for(&fp) } else { None };
         let job = Job { kind, seq, turn, fp, work };
         match stream {
             // SAFETY: the caller's promise covers the buffers until we return.
@@ -338,7 +337,7 @@ impl Communicator {
 struct Job {
     kind: FrameKind,
     seq: u64,
-    /// Its board turn (see collectives/board_allreduce.rs).
+    /// Its board turn (see collectives/board.rs).
     turn: Option<u64>,
     fp: crate::wire::Fingerprint,
     work: Work,

@@ -15,8 +15,7 @@ impl Communicator {
         // A context is only a view of the communicator: building one sends nothing.
         let ctx = Ctx::new(&self.inner, FrameKind::Collective, 0);
         let plan = select::plan_for(&ctx, op, bytes)?;
-        let board = &self.inner.board;
-        if op == "allreduce" && board.takes(bytes) && board.is_on() {
+        if self.inner.board.would_take(op, bytes) {
             return Ok(plan.map(|(_, chunk)| ("board", chunk)));
         }
         Ok(plan)

@@ -1,7 +1,7 @@
-//! A board in shared memory for the smallest allreduces of a communicator whose ranks all share
-//! one host: every rank posts its buffer in its own slot and folds all slots itself, in rank
-//! order, so the operation costs one round of waiting instead of log2 n (recursive doubling)
-//! rounds of messages. When the host's ranks outnumber its cores each round means a context
+//! A board in shared memory for the smallest collectives of a communicator whose ranks all share
+//! one host: every rank posts its bytes in its own slot and reads all slots itself, in rank
+//! order (an allreduce folds them, an allgather copies them, a broadcast takes the root's), so
+//! the operation costs one round of waiting instead of log2 n rounds of messages. When the host's ranks outnumber its cores each round means a context
 //! switch per core, which is what a tiny allreduce's time is made of.
 //!
 //! A rank has [`TURNS`] slots, used in turn by the communicator's board operations (numbered
@@ -24,8 +24,6 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use super::placement::{self, here, Countdown};
 use super::shm::{futex_wait, futex_wake, Backoff, Segment, Wait, NAP};
 use crate::error::{Error, Result};
-use crate::reduce;
-use crate::types::{DataType, ReduceOp};
 use crate::wire::Fingerprint;
 
 pub(crate) use crate::tuning::BOARD_BYTES;
@@ -301,38 +299,37 @@ impl Board {
         Ok(())
     }
 
-    /// Folds every rank's post of `turn` into `acc` in rank order (the same bits on every
-    /// rank): `acc = p0 op p1 op ... op p(n-1)`. This rank's own post must be on the board. A
-    /// post of another call (`fp` differs) is never read: that is a mismatch, which every rank
-    /// finds, since every rank looks at every post.
-    pub fn fold(
+    /// Reads every rank's post of `turn` in rank order, handing each to `each` (rank, its
+    /// `len_of(rank)` bytes); an allreduce folds them all, a broadcast copies the root's (the
+    /// same bits on every rank). Every post is waited for, whether or not its bytes are needed:
+    /// a post of another call (its fingerprint differs from `fp`) is a mismatch that every rank
+    /// finds, since every rank looks at every post; its bytes are never read. This rank's own
+    /// post must be on the board.
+    pub fn read(
         &self,
         turn: u64,
-        acc: &mut [u8],
-        dt: DataType,
-        op: ReduceOp,
         fp: &Fingerprint,
         watch: &mut Watch<'_>,
+        len_of: &dyn Fn(u32) -> usize,
+        each: &mut dyn FnMut(u32, &[u8]),
     ) -> Result<()> {
-        let r = self.fold_posts(turn, acc, dt, op, fp, watch);
+        let r = self.read_posts(turn, fp, watch, len_of, each);
         // Said for our own post too, and after a failure as well: a later turn of ours may run
-        // on another stream and must not overwrite the slot before this fold has read it, and
+        // on another stream and must not overwrite the slot before this read has seen it, and
         // a rank that gives up on a turn reads none of it any more.
         self.folded(self.me, turn).store(turn + 1, Ordering::Release);
         self.wake();
         r
     }
 
-    fn fold_posts(
+    fn read_posts(
         &self,
         turn: u64,
-        acc: &mut [u8],
-        dt: DataType,
-        op: ReduceOp,
         fp: &Fingerprint,
         watch: &mut Watch<'_>,
+        len_of: &dyn Fn(u32) -> usize,
+        each: &mut dyn FnMut(u32, &[u8]),
     ) -> Result<()> {
-        let len = acc.len();
         for rank in 0..self.n {
             let seq = self.seq(rank, turn);
             // Ranks from `rank` on may not have posted yet; one that last ran on our core needs it.
@@ -350,19 +347,17 @@ impl Board {
             })?;
             let mut theirs = [0u8; Fingerprint::BYTES];
             // SAFETY: the writer published this slot for `turn` (Acquire above) and does not
-            // touch it again until this rank says that it folded the turn.
+            // touch it again until this rank says that it read the turn.
             unsafe { std::ptr::copy_nonoverlapping(self.fingerprint(rank, turn), theirs.as_mut_ptr(), theirs.len()) };
             let theirs = Fingerprint::decode(&theirs);
             if theirs != *fp {
                 return Err((watch.differs)(rank, &theirs));
             }
-            // SAFETY: as above; the same call posted exactly `len` bytes.
+            // The same call posted exactly this many bytes; never more than a slot holds.
+            let len = len_of(rank).min(BOARD_BYTES);
+            // SAFETY: as above; `len` lies inside the slot.
             let post = unsafe { std::slice::from_raw_parts(self.payload(rank, turn, len), len) };
-            if rank == 0 {
-                acc.copy_from_slice(post);
-            } else {
-                reduce::reduce_into(acc, post, dt, op);
-            }
+            each(rank, post);
         }
         Ok(())
     }

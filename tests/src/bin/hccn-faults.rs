@@ -1,8 +1,9 @@
 //! Fault scenarios for one rank of a job started by hccnrun, through the C ABI. Lines starting
 //! with an upper-case word are read by tests/tests/faults.rs.
 //!
-//! - `kill` (`kill-small`): the last rank SIGKILLs itself in the middle of a large allreduce (a
-//!   run of 64-byte ones, which take the shared-memory board); survivors must get
+//! - `kill` (`kill-small`, `kill-small-every-kind`): the last rank SIGKILLs itself in the middle
+//!   of a large allreduce (a run of 64-byte ones, or of small collectives of every kind, which
+//!   take the shared-memory board); survivors must get
 //!   HCCN_ERROR_RANK_FAILED naming it, and every later call must fail at once.
 //! - `intruder`: while the job runs verified allreduces, rank 0 starts a process with the wrong
 //!   job token, which must be refused with HCCN_ERROR_AUTH.
@@ -63,11 +64,31 @@ fn failed_ranks(c: &CComm) -> Vec<u32> {
     ranks[..count.min(16) as usize].to_vec()
 }
 
-fn kill(c: &CComm, elems: usize) -> ExitCode {
+/// Call `i` of a run of small collectives of every kind (all on the shared-memory board), on
+/// `elems` floats per rank: `send` holds n blocks, `recv` n blocks.
+fn small_collective(c: &CComm, i: usize, elems: usize, send: &[f32], recv: &mut [f32]) -> Result<(), (u32, String)> {
+    let (s, r, k) = (send.as_ptr().cast::<c_void>(), recv.as_mut_ptr().cast::<c_void>(), elems as u64);
+    let null = std::ptr::null_mut();
+    // SAFETY: both buffers hold n blocks of `elems` floats and outlive each blocking call.
+    check(unsafe {
+        match i % 7 {
+            0 => hccn_allreduce(s, r, k, FP32, SUM, c.comm, null),
+            1 => hccn_broadcast(r, k, FP32, 0, c.comm, null),
+            2 => hccn_reduce(s, r, k, FP32, SUM, 0, c.comm, null),
+            3 => hccn_allgather(s, r, k, FP32, c.comm, null),
+            4 => hccn_reduce_scatter(s, r, k, FP32, SUM, c.comm, null),
+            5 => hccn_alltoall(s, r, k, FP32, c.comm, null),
+            _ => hccn_barrier(c.comm, null),
+        }
+    })
+}
+
+fn kill(c: &CComm, elems: usize, every_kind: bool) -> ExitCode {
     let (me, n) = (c.rank(), c.size());
     let victim = n - 1;
-    let send = vec![1.0f32; elems];
-    let mut recv = vec![0.0f32; elems];
+    let blocks = if every_kind { n as usize } else { 1 };
+    let send = vec![1.0f32; elems * blocks];
+    let mut recv = vec![0.0f32; elems * blocks];
     println!("PID {}", std::process::id());
     if me == victim {
         std::thread::spawn(|| {
@@ -78,7 +99,11 @@ fn kill(c: &CComm, elems: usize) -> ExitCode {
         });
     }
     for i in 0.. {
-        if let Err((code, msg)) = allreduce(c, &send, &mut recv) {
+        let r = match every_kind {
+            true => small_collective(c, i, elems, &send, &mut recv),
+            false => allreduce(c, &send, &mut recv),
+        };
+        if let Err((code, msg)) = r {
             let at = now_ms();
             let failed = failed_ranks(c);
             println!("ERROR_AT {at} code={code} iteration={i} failed={failed:?} msg={msg}");
@@ -595,8 +620,9 @@ fn main() -> ExitCode {
         return grow(comm);
     }
     match mode.as_str() {
-        "kill" => kill(&comm, 16 << 20),
-        "kill-small" => kill(&comm, 16),
+        "kill" => kill(&comm, 16 << 20, false),
+        "kill-small" => kill(&comm, 16, false),
+        "kill-small-every-kind" => kill(&comm, 16, true),
         "intruder" => intruder(&comm),
         "deadline" => deadline(&comm),
         "leave" => leave(comm, &std::env::args().nth(2).unwrap_or_default()),
