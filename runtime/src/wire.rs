@@ -30,6 +30,8 @@ pub struct Fingerprint {
 
 impl Fingerprint {
     pub const BYTES: usize = 16;
+    /// The byte of the encoding that carries nothing (zero).
+    pub const PADDING: usize = 3;
 
     pub fn encode(&self) -> [u8; Self::BYTES] {
         let mut b = [0u8; Self::BYTES];
@@ -125,7 +127,7 @@ impl FrameHeader {
         b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         b[4..6].copy_from_slice(&VERSION.to_le_bytes());
         b[6] = self.kind as u8;
-        // b[7] flags, b[36..40] reserved: zero in version 1.
+        // b[7] flags, b[36..40] and the fingerprint's padding b[51] reserved: zero in version 1.
         b[8..16].copy_from_slice(&self.comm_id.to_le_bytes());
         b[16..24].copy_from_slice(&self.epoch.to_le_bytes());
         b[24..32].copy_from_slice(&self.seq.to_le_bytes());
@@ -148,7 +150,7 @@ impl FrameHeader {
             return Err(bad(format!("protocol version {version}, expected {VERSION}")));
         }
         let kind = FrameKind::from_raw(b[6]).ok_or_else(|| bad(format!("unknown kind {}", b[6])))?;
-        if b[7] != 0 || le32(36..40) != 0 {
+        if b[7] != 0 || le32(36..40) != 0 || b[48 + Fingerprint::PADDING] != 0 {
             return Err(bad("reserved bits set".into()));
         }
         let len = le64(40..48);
@@ -188,5 +190,11 @@ mod tests {
         let mut m = b;
         m[4] = 9;
         assert!(FrameHeader::decode(&m, 4096).is_err(), "version");
+        // Found by the frame fuzzer: a header that decodes must be the one encoding of itself.
+        for reserved in [7, 36, 39, 48 + Fingerprint::PADDING] {
+            let mut m = b;
+            m[reserved] = 0x4e;
+            assert!(FrameHeader::decode(&m, 4096).is_err(), "reserved byte {reserved}");
+        }
     }
 }
