@@ -23,7 +23,7 @@ const PINGS: usize = 20;
 const BW_BYTES: usize = 4 << 20;
 const BW_REPS: usize = 3;
 /// Sizes of the algorithm table.
-const SIZES: [usize; 5] = [8, 64 << 10, 1 << 20, 16 << 20, 256 << 20];
+const SIZES: [usize; 6] = [8, 4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20];
 
 fn hostname() -> String {
     let mut buf = [0u8; 256];
@@ -137,8 +137,11 @@ fn size_label(b: usize) -> String {
     }
 }
 
-/// The report rank 0 prints.
-pub fn report(hosts: &[String], links: &[f64]) -> Vec<String> {
+/// The algorithm a collective (an `Op::name`) over a buffer of so many bytes would run with.
+pub type Planner<'a> = &'a dyn Fn(&str, usize) -> Option<&'static str>;
+
+/// The report rank 0 prints; `plan` says what this communicator would run.
+pub fn report(hosts: &[String], links: &[f64], plan: Planner<'_>) -> Vec<String> {
     let n = hosts.len() as u32;
     let mut by_host: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for (r, h) in hosts.iter().enumerate() {
@@ -157,14 +160,16 @@ pub fn report(hosts: &[String], links: &[f64]) -> Vec<String> {
         let transport = TRANSPORTS.get(links[3 * k + 2] as usize).copied().unwrap_or("tcp");
         out.push(format!("{:<12} {:<10} {lat:>12.1} {bw:>12.3}", format!("{i} <-> {j}"), transport));
     }
-    out.push(format!("# algorithm per operation and buffer size on {n} ranks (runtime select.rs)"));
+    out.push(format!(
+        "# algorithm per operation and buffer size on these {n} ranks (the board, then the cost model of select.rs)"
+    ));
     let mut head = format!("{:<22}", "op");
     SIZES.iter().for_each(|&s| head.push_str(&format!(" {:>16}", size_label(s))));
     out.push(head);
     for op in select::OPS {
         let mut row = format!("{op:<22}");
         for &s in &SIZES {
-            row.push_str(&format!(" {:>16}", select::algorithm_name(op, s, n).unwrap_or("-")));
+            row.push_str(&format!(" {:>16}", plan(op, s).unwrap_or("-")));
         }
         out.push(row);
     }
@@ -181,7 +186,8 @@ fn run() -> Result<(), String> {
     let links = measure_links(comm).map_err(failed("link measurement"))?;
     if me == 0 {
         let mut out = io::stdout().lock();
-        for line in report(&hosts, &links) {
+        let plan = |op: &str, bytes: usize| comm.plan(op, bytes).ok().flatten().map(|(algo, _)| algo);
+        for line in report(&hosts, &links, &plan) {
             writeln!(out, "{line}").map_err(|e| e.to_string())?;
         }
     }
@@ -214,7 +220,8 @@ mod tests {
     #[test]
     fn report_groups_ranks_by_host_and_lists_every_pair() {
         let hosts: Vec<String> = ["a", "b", "a"].iter().map(|s| s.to_string()).collect();
-        let r = report(&hosts, &[1.0, 2.0, 1.0, 3.0, 4.0, 0.0, 5.0, 6.0, 0.0]);
+        let plan = |op: &str, bytes: usize| hccn_runtime::collectives::select::algorithm_name(op, bytes, 3);
+        let r = report(&hosts, &[1.0, 2.0, 1.0, 3.0, 4.0, 0.0, 5.0, 6.0, 0.0], &plan);
         assert!(r.iter().any(|l| l.starts_with("a ") && l.ends_with("2  0,2")), "{r:#?}");
         assert!(r.iter().any(|l| l.starts_with("1 <-> 2") && l.contains("tcp")), "{r:#?}");
         assert!(r.iter().any(|l| l.starts_with("0 <-> 1") && l.contains("shm")), "{r:#?}");
