@@ -82,7 +82,7 @@ fn single_copy_reads_mapped_buffers_and_the_rings_give_identical_bits_with_2_3_4
                 let prefix = format!("[{r}] HASH ");
                 hashes.extend(out.stdout.lines().filter(|l| l.starts_with(&prefix)).map(str::to_owned));
             }
-            assert_eq!(hashes.len(), 6 * 4 * n as usize, "{what}: {}", out.describe());
+            assert_eq!(hashes.len(), 6 * 7 * n as usize, "{what}: {}", out.describe());
             results.push(hashes);
         }
         assert_eq!(results[0], results[1], "{n} ranks, HCCN_CHUNK_BYTES={chunk}: HCCN_CMA=off and auto differ");

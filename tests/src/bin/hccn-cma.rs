@@ -1,8 +1,9 @@
-//! Collectives whose ring chunks straddle and exceed the single-copy (CMA) threshold, printing a
-//! hash of every result's bits, so that a test can compare HCCN_CMA=off with auto bit for bit.
-//! Allgather results are also checked exactly. Usage: hccnrun -n N hccn-cma [--register]; with
-//! `--register` every buffer comes from `hccn_mem_alloc` (peers map it rather than read it with
-//! process_vm_readv). Prints `HASH op=.. count=.. bits=..` per operation and `WRONG n` at the end.
+//! Collectives whose chunks straddle and exceed the single-copy (CMA) threshold, printing a hash
+//! of every result's bits, so that a test can compare HCCN_CMA=off with auto bit for bit.
+//! Allgather, alltoall, gather and scatter results are also checked exactly. Usage: hccnrun -n N
+//! hccn-cma [--register]; with `--register` every buffer comes from `hccn_mem_alloc` (peers map
+//! it rather than read it with process_vm_readv). Prints `HASH op=.. count=.. bits=..` per
+//! operation and `WRONG n` at the end.
 
 use std::ffi::c_void;
 use std::process::ExitCode;
@@ -90,8 +91,36 @@ fn run(c: &CComm, count: usize, register: bool) -> Result<usize, (u32, String)> 
     // SAFETY: send holds at least block floats, all holds n * block.
     check(unsafe { hccn_allgather(send.as_ptr().cast(), out(&mut all), block as u64, FP32, c.comm, s) })?;
     println!("HASH op=allgather count={count} bits={:016x}", hash(&all));
-    let wrong =
-        all.iter().enumerate().filter(|(i, v)| **v != value((i / block.max(1)) as u32, i % block.max(1))).count();
+    let b = block.max(1);
+    let mut wrong = all.iter().enumerate().filter(|(i, v)| **v != value((i / b) as u32, i % b)).count();
+    Ok(wrong + gathering(c, block, &send, register)?)
+}
+
+/// Alltoall, gather to the last rank and scatter from rank 0 of `block` floats per rank, whose
+/// large blocks the receiver reads straight from the sender; returns the wrong elements.
+fn gathering(c: &CComm, block: usize, send: &[f32], register: bool) -> Result<usize, (u32, String)> {
+    let (me, n) = (c.rank() as usize, c.size() as usize);
+    let (b, count, s) = (block.max(1), block as u64, std::ptr::null_mut());
+    let out = |p: &mut [f32]| p.as_mut_ptr().cast::<c_void>();
+    let mut a2a = buffer(block * n, register)?;
+    // SAFETY: send holds at least n * block floats, a2a n * block.
+    check(unsafe { hccn_alltoall(send.as_ptr().cast(), out(&mut a2a), count, FP32, c.comm, s) })?;
+    println!("HASH op=alltoall count={block} bits={:016x}", hash(&a2a));
+    // Block i came from rank i: its block for this rank.
+    let mut wrong = a2a.iter().enumerate().filter(|(i, v)| **v != value((i / b) as u32, me * block + i % b)).count();
+    let root = n - 1;
+    let mut gathered = buffer(block * n, register)?;
+    // SAFETY: send holds at least block floats, gathered n * block (read on the root only).
+    check(unsafe { hccn_gather(send.as_ptr().cast(), out(&mut gathered), count, FP32, root as u32, c.comm, s) })?;
+    println!("HASH op=gather count={block} bits={:016x}", hash(&gathered));
+    if me == root {
+        wrong += gathered.iter().enumerate().filter(|(i, v)| **v != value((i / b) as u32, i % b)).count();
+    }
+    let mut part = buffer(block, register)?;
+    // SAFETY: send holds at least n * block floats (read on rank 0 only), part holds block.
+    check(unsafe { hccn_scatter(send.as_ptr().cast(), out(&mut part), count, FP32, 0, c.comm, s) })?;
+    println!("HASH op=scatter count={block} bits={:016x}", hash(&part));
+    wrong += part.iter().enumerate().filter(|(j, v)| **v != value(0, me * block + j)).count();
     Ok(wrong)
 }
 
