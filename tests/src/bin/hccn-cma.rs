@@ -92,7 +92,7 @@ fn run(c: &CComm, count: usize, register: bool) -> Result<usize, (u32, String)> 
     check(unsafe { hccn_allgather(send.as_ptr().cast(), out(&mut all), block as u64, FP32, c.comm, s) })?;
     println!("HASH op=allgather count={count} bits={:016x}", hash(&all));
     let b = block.max(1);
-    let mut wrong = all.iter().enumerate().filter(|(i, v)| **v != value((i / b) as u32, i % b)).count();
+    let wrong = all.iter().enumerate().filter(|(i, v)| **v != value((i / b) as u32, i % b)).count();
     Ok(wrong + gathering(c, block, &send, register)?)
 }
 
