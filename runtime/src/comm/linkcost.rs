@@ -99,7 +99,7 @@ impl Probe<'_> {
             let cost = match known {
                 Some(c) => c,
                 None => {
-                    let c = sane(kind, self.measure(kind, peer, !self.host_shares_cores(size))?);
+                    let c = sane(kind, self.measure_undisturbed(kind, peer, !self.host_shares_cores(size))?);
                     lock().push((kind, remote, c));
                     c
                 }
@@ -119,6 +119,21 @@ impl Probe<'_> {
         let tcp = remote.or_else(|| tcp_peers().find(|_| self.cfg.transport == crate::config::Transport::Tcp));
         let shm = (1..size).find(|p| net.shm.has(*p));
         [(TransportKind::Shm, shm), (TransportKind::Tcp, tcp)].into_iter().filter_map(|(k, p)| Some((k, p?))).collect()
+    }
+
+    /// [`Self::measure`], once more when the bulk round trip came back faster than the pings
+    /// (β < 0: the pings were held up by something else on the host, not by the link).
+    fn measure_undisturbed(&self, kind: TransportKind, peer: u32, crowded_check: bool) -> Result<LinkCost> {
+        let first = self.measure(kind, peer, crowded_check)?;
+        if first.beta > 0.0 {
+            return Ok(first);
+        }
+        tracing::debug!(
+            peer,
+            alpha_us = first.alpha_us(),
+            "link measurement disturbed (bulk faster than pings): again"
+        );
+        self.measure(kind, peer, crowded_check)
     }
 
     /// α and β of the link of `kind` to `peer`, which echoes every ping; `crowded_check`: a
