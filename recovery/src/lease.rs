@@ -15,6 +15,8 @@ use hccn_runtime::rendezvous::{Member, OnGone};
 use hccn_runtime::{Error, ErrorKind, Result};
 use tokio::sync::oneshot;
 
+use crate::background::{self, Started};
+
 const LEFT: &str = "/left";
 
 /// What the background thread needs; `key` and `watch` are full etcd keys.
@@ -51,24 +53,9 @@ fn err(what: &str, e: impl std::fmt::Display) -> Error {
 
 /// Publishes the key and starts its keep-alive and watch; returns once the key is in etcd.
 pub(crate) fn keep(spec: Spec) -> Result<Option<Member>> {
-    let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
-    let (stop_tx, stop_rx) = oneshot::channel();
-    let (done_tx, done_rx) = mpsc::channel();
     let timeout = spec.timeout;
-    std::thread::Builder::new()
-        .name("hccn-etcd-lease".into())
-        .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(rt) => rt,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(Error::new(ErrorKind::System, format!("no runtime for etcd: {e}"))));
-                    return;
-                }
-            };
-            rt.block_on(run(spec, ready_tx, stop_rx));
-            let _ = done_tx.send(());
-        })
-        .map_err(|e| Error::new(ErrorKind::System, format!("no thread for the etcd lease: {e}")))?;
+    let Started { ready: ready_rx, stop: stop_tx, done: done_rx } =
+        background::start("hccn-etcd-lease", "the etcd lease", move |ready, stop| run(spec, ready, stop))?;
     match ready_rx.recv_timeout(timeout + Duration::from_secs(1)) {
         Ok(Ok(())) => Ok(Some(Box::new(Lease { stop: Some(stop_tx), done: done_rx }))),
         Ok(Err(e)) => Err(e),

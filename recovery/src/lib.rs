@@ -2,6 +2,7 @@
 //! multi-host and elastic jobs. tokio lives here only; the data path never touches etcd.
 
 mod access;
+mod background;
 mod etcd;
 mod lease;
 mod runs;

@@ -11,6 +11,8 @@ use hccn_runtime::rendezvous::runs::{self, Entered, RunState};
 use hccn_runtime::{Error, ErrorKind, Result};
 use tokio::sync::oneshot;
 
+use crate::background::{self, Started};
+
 use crate::lease::Renewer;
 
 fn err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -180,24 +182,9 @@ impl Drop for Presence {
 
 /// Enters the job on a thread that then keeps the presence's lease alive until it is dropped.
 pub(crate) fn enter_run(spec: Spec) -> Result<Option<Entered>> {
-    let (ready_tx, ready_rx) = mpsc::channel::<Result<Option<u64>>>();
-    let (stop_tx, stop_rx) = oneshot::channel();
-    let (done_tx, done_rx) = mpsc::channel();
     let timeout = spec.timeout;
-    std::thread::Builder::new()
-        .name("hccn-etcd-run".into())
-        .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(rt) => rt,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(Error::new(ErrorKind::System, format!("no runtime for etcd: {e}"))));
-                    return;
-                }
-            };
-            rt.block_on(present(spec, ready_tx, stop_rx));
-            let _ = done_tx.send(());
-        })
-        .map_err(|e| Error::new(ErrorKind::System, format!("no thread for the job's presence: {e}")))?;
+    let Started { ready: ready_rx, stop: stop_tx, done: done_rx } =
+        background::start("hccn-etcd-run", "the job's presence", move |ready, stop| present(spec, ready, stop))?;
     match ready_rx.recv_timeout(timeout + Duration::from_secs(1)) {
         Ok(Ok(Some(generation))) => {
             let presence = Box::new(Presence { stop: Some(stop_tx), done: done_rx });
