@@ -36,7 +36,37 @@ pub fn expect_refusal(failures: &mut Vec<String>, what: &str, got: hccn_result, 
     }
 }
 
+/// Milliseconds since the epoch: a clock that processes of one job can compare.
+pub fn now_ms() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis())
+}
+
 impl CComm {
+    /// A blocking fp32 allreduce (`op` an `hccn_reduce_op`) of `send` into `recv`.
+    pub fn allreduce_f32(&self, send: &[f32], recv: &mut [f32], op: u32) -> Result<(), (u32, String)> {
+        let n = send.len().min(recv.len()) as u64;
+        let (s, r) = (send.as_ptr().cast::<c_void>(), recv.as_mut_ptr().cast());
+        // SAFETY: both buffers hold `n` floats and outlive the blocking call.
+        check(unsafe { hccn_allreduce(s, r, n, 4, op, self.comm, std::ptr::null_mut()) })
+    }
+
+    /// The ranks `hccn_comm_failed_ranks` names (at most 64).
+    pub fn failed_ranks(&self) -> Vec<u32> {
+        let mut ranks = [0u32; 64];
+        let mut count = 0u32;
+        // SAFETY: capacity matches the array.
+        unsafe { hccn_comm_failed_ranks(self.comm, ranks.as_mut_ptr(), 64, &mut count) };
+        ranks[..count.min(64) as usize].to_vec()
+    }
+
+    /// `hccn_comm_epoch`, or `u64::MAX` if it fails.
+    pub fn epoch(&self) -> u64 {
+        let mut e = u64::MAX;
+        // SAFETY: valid handle and out pointer.
+        unsafe { hccn_comm_epoch(self.comm, &mut e) };
+        e
+    }
+
     /// `hccn_init_from_env`, as under hccnrun.
     pub fn from_env() -> Result<CComm, (u32, String)> {
         let mut comm = std::ptr::null_mut();

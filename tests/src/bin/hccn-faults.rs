@@ -28,41 +28,14 @@
 
 use std::ffi::c_void;
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use hccn::*;
-use hccn_tests::capi::{check, CComm};
+use hccn_tests::capi::{check, now_ms, CComm};
 use hccn_tests::Coll;
 
 const FP32: u32 = 4;
 const SUM: u32 = 0;
-
-fn now_ms() -> u128 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0)
-}
-
-fn allreduce(c: &CComm, send: &[f32], recv: &mut [f32]) -> Result<(), (u32, String)> {
-    // SAFETY: both buffers hold `send.len()` floats and outlive the blocking call.
-    check(unsafe {
-        hccn_allreduce(
-            send.as_ptr().cast::<c_void>(),
-            recv.as_mut_ptr().cast(),
-            send.len() as u64,
-            FP32,
-            SUM,
-            c.comm,
-            std::ptr::null_mut(),
-        )
-    })
-}
-
-fn failed_ranks(c: &CComm) -> Vec<u32> {
-    let mut ranks = [0u32; 16];
-    let mut count = 0u32;
-    // SAFETY: capacity matches the array.
-    unsafe { hccn_comm_failed_ranks(c.comm, ranks.as_mut_ptr(), 16, &mut count) };
-    ranks[..count.min(16) as usize].to_vec()
-}
 
 /// Call `i` of a run of small collectives of every kind (all on the shared-memory board), on
 /// `elems` floats per rank: `send` holds n blocks, `recv` n blocks.
@@ -81,6 +54,10 @@ fn small_collective(c: &CComm, i: usize, elems: usize, send: &[f32], recv: &mut 
             _ => hccn_barrier(c.comm, null),
         }
     })
+}
+
+fn allreduce(c: &CComm, send: &[f32], recv: &mut [f32]) -> Result<(), (u32, String)> {
+    c.allreduce_f32(send, recv, SUM)
 }
 
 fn kill(c: &CComm, elems: usize, every_kind: bool) -> ExitCode {
@@ -105,7 +82,7 @@ fn kill(c: &CComm, elems: usize, every_kind: bool) -> ExitCode {
         };
         if let Err((code, msg)) = r {
             let at = now_ms();
-            let failed = failed_ranks(c);
+            let failed = c.failed_ranks();
             println!("ERROR_AT {at} code={code} iteration={i} failed={failed:?} msg={msg}");
             // Later calls fail at once, without waiting for anything.
             let t = std::time::Instant::now();
@@ -226,13 +203,6 @@ fn shrink_comm(c: &CComm) -> Result<CComm, (u32, String)> {
     Ok(CComm { comm: out })
 }
 
-fn epoch(c: &CComm) -> u64 {
-    let mut e = u64::MAX;
-    // SAFETY: valid handle and out pointer.
-    unsafe { hccn_comm_epoch(c.comm, &mut e) };
-    e
-}
-
 fn shrink_after_kill(c: &CComm, victims: &[u32]) -> ExitCode {
     let (me, n) = (c.rank(), c.size());
     let send = vec![1.0f32; 4 << 20];
@@ -265,7 +235,7 @@ fn shrink_after_kill(c: &CComm, victims: &[u32]) -> ExitCode {
         println!("NO_ERROR");
         return ExitCode::FAILURE;
     };
-    println!("ERROR_AT {} code={code} failed={:?}", now_ms(), failed_ranks(c));
+    println!("ERROR_AT {} code={code} failed={:?}", now_ms(), c.failed_ranks());
     let t = std::time::Instant::now();
     // Failures a few ms apart may be decided by two agreements: a shrunk communicator that still
     // holds a failed member fails its first operation, and the survivors shrink it again.
@@ -277,7 +247,7 @@ fn shrink_after_kill(c: &CComm, victims: &[u32]) -> ExitCode {
         }
     };
     let mut result = verified_allreduces(&current, 50);
-    while result.is_err() && epoch(&current) < victims.len() as u64 {
+    while result.is_err() && current.epoch() < victims.len() as u64 {
         current = match shrink_comm(&current) {
             Ok(s) => s,
             Err((code, msg)) => {
@@ -293,7 +263,7 @@ fn shrink_after_kill(c: &CComm, victims: &[u32]) -> ExitCode {
         "SHRUNK rank={} size={} epoch={} in_ms={shrink_ms} result={result:?}",
         current.rank(),
         current.size(),
-        epoch(&current)
+        current.epoch()
     );
     let good = current.size() == n - victims.len() as u32 && current.rank() == expected_rank && result.is_ok();
     if good {
@@ -338,7 +308,7 @@ fn freeze(c: &CComm) -> ExitCode {
             break e;
         }
     };
-    println!("ERROR_AT {} code={} failed={:?} msg={}", now_ms(), err.0, failed_ranks(c), err.1);
+    println!("ERROR_AT {} code={} failed={:?} msg={}", now_ms(), err.0, c.failed_ranks(), err.1);
     let small = match shrink_comm(c) {
         Ok(s) => s,
         Err((code, msg)) => {
@@ -347,7 +317,7 @@ fn freeze(c: &CComm) -> ExitCode {
         }
     };
     let result = verified_allreduces(&small, 10);
-    println!("SHRUNK size={} epoch={} result={result:?}", small.size(), epoch(&small));
+    println!("SHRUNK size={} epoch={} result={result:?}", small.size(), small.epoch());
     if small.rank() == 0 {
         // SAFETY: a barrier has no buffers; both survivors are done before the frozen rank dies.
         unsafe { hccn_barrier(small.comm, std::ptr::null_mut()) };
@@ -395,10 +365,10 @@ fn chaos(c: &CComm, delay_us: u64) -> ExitCode {
     for _ in 0..3 {
         match verified_allreduces(&current, 5) {
             Ok(()) => {
-                println!("SETTLED rank={} size={} epoch={}", current.rank(), current.size(), epoch(&current));
+                println!("SETTLED rank={} size={} epoch={}", current.rank(), current.size(), current.epoch());
                 return if current.size() == 2 { ExitCode::SUCCESS } else { ExitCode::FAILURE };
             }
-            Err(e) => println!("RETRY epoch={} size={} after {e}", epoch(&current), current.size()),
+            Err(e) => println!("RETRY epoch={} size={} after {e}", current.epoch(), current.size()),
         }
         current = match shrink_comm(&current) {
             Ok(s) => s,
@@ -474,14 +444,14 @@ fn partition(c: &CComm) -> ExitCode {
             break e;
         }
     };
-    println!("ERROR_AT {} code={} failed={:?}", now_ms(), err.0, failed_ranks(c));
+    println!("ERROR_AT {} code={} failed={:?}", now_ms(), err.0, c.failed_ranks());
     let mut out = std::ptr::null_mut();
     // SAFETY: valid handle and out pointer; no replacement is expected (timeout 0).
     match check(unsafe { hccn_comm_rebuild(c.comm, 0, &mut out) }) {
         Ok(()) => {
             let small = CComm { comm: out };
             let result = verified_allreduces(&small, 5);
-            println!("REBUILT size={} epoch={} result={result:?}", small.size(), epoch(&small));
+            println!("REBUILT size={} epoch={} result={result:?}", small.size(), small.epoch());
         }
         Err((code, msg)) => println!("REBUILD_FAILED code={code} msg={msg}"),
     }
@@ -517,8 +487,8 @@ fn revoke_then_shrink(c: &CComm) -> ExitCode {
         }
     };
     let result = verified_allreduces(&small, 5);
-    println!("SHRUNK size={} epoch={} result={result:?}", small.size(), epoch(&small));
-    if code == Some(101) && small.size() == c.size() && epoch(&small) == 1 && result.is_ok() {
+    println!("SHRUNK size={} epoch={} result={result:?}", small.size(), small.epoch());
+    if code == Some(101) && small.size() == c.size() && small.epoch() == 1 && result.is_ok() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
@@ -527,8 +497,8 @@ fn revoke_then_shrink(c: &CComm) -> ExitCode {
 
 fn grow(c: CComm) -> ExitCode {
     let (me, n) = (c.rank(), c.size());
-    let comm = if epoch(&c) > 0 {
-        println!("JOINED rank={me} size={n} epoch={}", epoch(&c));
+    let comm = if c.epoch() > 0 {
+        println!("JOINED rank={me} size={n} epoch={}", c.epoch());
         c
     } else {
         if me == n - 1 {
@@ -547,7 +517,7 @@ fn grow(c: CComm) -> ExitCode {
                 break e;
             }
         };
-        println!("ERROR code={} failed={:?}", err.0, failed_ranks(&c));
+        println!("ERROR code={} failed={:?}", err.0, c.failed_ranks());
         let mut out = std::ptr::null_mut();
         // SAFETY: valid handle and out pointer.
         if let Err((code, msg)) = check(unsafe { hccn_comm_rebuild(c.comm, 20_000, &mut out) }) {
@@ -557,8 +527,8 @@ fn grow(c: CComm) -> ExitCode {
         CComm { comm: out }
     };
     let result = verified_allreduces(&comm, 10);
-    println!("GROWN rank={} size={} epoch={} result={result:?}", comm.rank(), comm.size(), epoch(&comm));
-    if result.is_ok() && comm.size() == n && epoch(&comm) == 1 {
+    println!("GROWN rank={} size={} epoch={} result={result:?}", comm.rank(), comm.size(), comm.epoch());
+    if result.is_ok() && comm.size() == n && comm.epoch() == 1 {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
@@ -587,7 +557,7 @@ fn leave(c: CComm, how: &str) -> ExitCode {
         println!("NO_ERROR");
         return ExitCode::FAILURE;
     };
-    println!("LEFT code={code} failed={:?} in_ms={} msg={msg}", failed_ranks(&c), t.elapsed().as_millis());
+    println!("LEFT code={code} failed={:?} in_ms={} msg={msg}", c.failed_ranks(), t.elapsed().as_millis());
     let small = match shrink_comm(&c) {
         Ok(s) => s,
         Err((code, msg)) => {
@@ -597,7 +567,7 @@ fn leave(c: CComm, how: &str) -> ExitCode {
     };
     match verified_allreduces(&small, 20) {
         Ok(()) => {
-            println!("SHRUNK size={} epoch={}", small.size(), epoch(&small));
+            println!("SHRUNK size={} epoch={}", small.size(), small.epoch());
             ExitCode::SUCCESS
         }
         Err(e) => {

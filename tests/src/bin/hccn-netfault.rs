@@ -12,16 +12,14 @@
 //! communicator at its next step; SIGUSR2 makes its next 1 MiB allreduce count one element more
 //! than the others' (a mismatched call).
 
-use std::ffi::c_void;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use hccn::*;
-use hccn_tests::capi::{check, CComm};
+use hccn_tests::capi::{check, now_ms, CComm};
 use hccn_tests::Coll;
 
-const FP32: u32 = 4;
 const SUM: u32 = 0;
 const MAX: u32 = 2;
 const LARGE: usize = 1 << 18;
@@ -36,46 +34,12 @@ extern "C" fn on_signal(sig: libc::c_int) {
     }
 }
 
-fn now_ms() -> u128 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0)
-}
-
-fn allreduce(c: &CComm, send: &[f32], recv: &mut [f32], op: u32) -> Result<(), (u32, String)> {
-    // SAFETY: both buffers hold `send.len()` floats and outlive the blocking call.
-    check(unsafe {
-        hccn_allreduce(
-            send.as_ptr().cast::<c_void>(),
-            recv.as_mut_ptr().cast(),
-            send.len() as u64,
-            FP32,
-            op,
-            c.comm,
-            std::ptr::null_mut(),
-        )
-    })
-}
-
-fn failed_ranks(c: &CComm) -> Vec<u32> {
-    let mut ranks = [0u32; 64];
-    let mut count = 0u32;
-    // SAFETY: capacity matches the array.
-    unsafe { hccn_comm_failed_ranks(c.comm, ranks.as_mut_ptr(), 64, &mut count) };
-    ranks[..count.min(64) as usize].to_vec()
-}
-
-fn epoch(c: &CComm) -> u64 {
-    let mut e = u64::MAX;
-    // SAFETY: valid handle and out pointer.
-    unsafe { hccn_comm_epoch(c.comm, &mut e) };
-    e
-}
-
 /// One step: a 4-byte allreduce that also says whether any rank wants to stop, then a checked
 /// 1 MiB one. `Ok(None)`: go on; `Ok(Some(wrong))`: stop.
 fn step(c: &CComm, stop: bool, wrong: &mut u64) -> Result<bool, (u32, String)> {
     let (r, n) = (c.rank() as f32, c.size() as usize);
     let mut flag = [0f32];
-    allreduce(c, &[if stop { 1.0 } else { 0.0 }], &mut flag, MAX)?;
+    c.allreduce_f32(&[if stop { 1.0 } else { 0.0 }], &mut flag, MAX)?;
     if flag[0] > 0.0 {
         return Ok(true);
     }
@@ -87,11 +51,11 @@ fn step(c: &CComm, stop: bool, wrong: &mut u64) -> Result<bool, (u32, String)> {
     let count = if MISMATCH.swap(false, Ordering::SeqCst) { LARGE + 1 } else { LARGE };
     let send: Vec<f32> = (0..count).map(|j| (j % 7) as f32 + r).collect();
     let mut recv = vec![0f32; count];
-    allreduce(c, &send, &mut recv, SUM)?;
+    c.allreduce_f32(&send, &mut recv, SUM)?;
     let want = |j: usize| (n * (j % 7) + n * (n - 1) / 2) as f32;
     *wrong += recv.iter().enumerate().filter(|(j, v)| **v != want(*j)).count() as u64;
     let mut small = [0f32];
-    allreduce(c, &[r + 1.0], &mut small, SUM)?;
+    c.allreduce_f32(&[r + 1.0], &mut small, SUM)?;
     if small[0] != (n * (n + 1) / 2) as f32 {
         *wrong += 1;
     }
@@ -121,12 +85,12 @@ fn main() -> ExitCode {
             Ok(true) => break,
             Ok(false) => ops += 1,
             Err((code, msg)) => {
-                println!("ERROR at={} code={code} failed={:?} msg={msg}", now_ms(), failed_ranks(&comm));
+                println!("ERROR at={} code={code} failed={:?} msg={msg}", now_ms(), comm.failed_ranks());
                 // Shrink until the survivors agree, or this rank is left out.
                 comm = loop {
                     match shrink(&comm) {
                         Ok(s) => {
-                            println!("SHRUNK at={} size={} epoch={}", now_ms(), s.size(), epoch(&s));
+                            println!("SHRUNK at={} size={} epoch={}", now_ms(), s.size(), s.epoch());
                             break s;
                         }
                         Err((code @ 106, msg)) => {
@@ -145,6 +109,6 @@ fn main() -> ExitCode {
             }
         }
     }
-    println!("DONE size={} epoch={} ops={ops} wrong={wrong}", comm.size(), epoch(&comm));
+    println!("DONE size={} epoch={} ops={ops} wrong={wrong}", comm.size(), comm.epoch());
     ExitCode::SUCCESS
 }
