@@ -34,7 +34,15 @@ fn exercise(comm: *mut hccn_comm, rank: u32, n: u32) -> Result<(), String> {
     let mut recv = vec![0.0f32; COUNT];
     // SAFETY: live buffers of COUNT floats each, for the blocking call.
     let r = unsafe {
-        hccn_allreduce(send.as_ptr().cast(), recv.as_mut_ptr().cast(), COUNT as u64, FP32, SUM, comm, std::ptr::null_mut())
+        hccn_allreduce(
+            send.as_ptr().cast(),
+            recv.as_mut_ptr().cast(),
+            COUNT as u64,
+            FP32,
+            SUM,
+            comm,
+            std::ptr::null_mut(),
+        )
     };
     check(r).map_err(|(c, m)| format!("allreduce: {c} {m}"))?;
     let ranks = (n as usize * (n as usize - 1) / 2) as f32;
