@@ -2,7 +2,7 @@
 //! barrier, one checked allreduce, then this process's threads and descriptors
 //! (/proc/self/task, /proc/self/fd) while the communicator is alive, then destroy.
 //!
-//! Prints `[r] SCALE rank=r size=n threads=T fds=F` on success; `FAIL ...` and exit 1 otherwise.
+//! Prints `rank r of n: SCALE threads=T fds=F` on success; `FAIL ...` and exit 1 otherwise.
 
 use std::process::ExitCode;
 
@@ -64,7 +64,7 @@ fn main() -> ExitCode {
     match outcome {
         Ok((rank, n)) => {
             let (threads, fds) = (count("/proc/self/task"), count("/proc/self/fd"));
-            println!("[{rank}] SCALE rank={rank} size={n} threads={threads} fds={fds}");
+            println!("rank {rank} of {n}: SCALE threads={threads} fds={fds}");
             drop(comm);
             ExitCode::SUCCESS
         }

@@ -223,23 +223,28 @@ impl Core {
     fn run(&self) {
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; BATCH];
         let mut last_tick = Instant::now();
+        // Until when the engine looks for more frames without sleeping.
+        let mut spin_until: Option<Instant> = None;
         while !self.stop.load(Ordering::SeqCst) {
-            // Without links aside, nothing is due until a socket or the waker speaks.
-            let next_tick = ASIDE_NAP.saturating_sub(last_tick.elapsed());
-            let wait = self.parked.load(Ordering::Relaxed).then_some(next_tick);
-            let mut data = self.turn(&mut events, wait);
-            // Frames of an operation follow each other closely: look for the next one a while
-            // before sleeping (see TCP_POLL), but not after heartbeats or control frames alone,
-            // where the look would only take time from the ranks sharing our cores.
-            while data && !self.stop.load(Ordering::SeqCst) {
-                let zero = Some(Duration::ZERO);
-                let start = Instant::now();
-                data = false;
-                while !data && start.elapsed() < crate::transport::TCP_POLL {
-                    std::thread::yield_now();
-                    data = self.turn(&mut events, zero);
-                }
+            let spinning = spin_until.is_some_and(|t| Instant::now() < t);
+            let parked = self.parked.load(Ordering::Relaxed);
+            let wait = match (spinning, parked) {
+                (true, _) => Some(Duration::ZERO),
+                // Without links aside, nothing is due until a socket or the waker speaks.
+                (false, false) => None,
+                (false, true) => Some(ASIDE_NAP.saturating_sub(last_tick.elapsed())),
+            };
+            // Frames of an operation follow each other closely: after a data frame, look for
+            // the next one a while before sleeping (see TCP_POLL), but not after heartbeats or
+            // control frames alone, where the look would only take time from the ranks sharing
+            // our cores.
+            if self.turn(&mut events, wait) {
+                spin_until = Some(Instant::now() + crate::transport::TCP_POLL);
+            } else if spinning {
+                std::thread::yield_now();
             }
+            // Links aside are looked at every ASIDE_NAP even while traffic keeps the engine
+            // awake.
             if !self.parked.load(Ordering::Relaxed) {
                 last_tick = Instant::now();
             } else if last_tick.elapsed() >= ASIDE_NAP {
