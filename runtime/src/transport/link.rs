@@ -46,7 +46,7 @@ pub(crate) trait Link: Send + Sync {
     /// The polling wait of a receive for a frame from this peer (see TCP_POLL): yields until
     /// `ready` or until `budget` has passed; true when `ready`. A link may meanwhile take
     /// frames off its connection into the inbox itself, so that the receive need not wait for
-    /// the link's reader thread, and, when `small` (the frame expected is at most
+    /// the progress engine, and, when `small` (the frame expected is at most
     /// [`POLL_ALONE_MAX`]) or when the receive offers to `land` its frame, have that thread
     /// stand aside.
     fn poll(&self, budget: Duration, ready: &dyn Fn() -> bool, _small: bool, _land: Option<&DirectRead<'_>>) -> bool {
@@ -66,7 +66,7 @@ pub(crate) struct DirectRead<'a> {
 }
 
 /// Largest frame for which a polling receive reads the socket alone (see [`Link::poll`]):
-/// above it the reader thread's copy of one chunk overlaps the receive's work on the last.
+/// above it the engine's copy of one chunk overlaps the receive's work on the last.
 pub(crate) const POLL_ALONE_MAX: usize = 64 << 10;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -1,6 +1,6 @@
 //! The TCP data channel of a peer on another host (or of every peer, `HCCN_TRANSPORT=tcp`): frames
-//! go out on the peer's link; a receive takes its frame from the inbox, where the link's reader
-//! files it, or polls the socket for it itself (see the module above).
+//! go out on the peer's link; a receive takes its frame from the inbox, where the progress
+//! engine files it, or polls the socket for it itself (see the module above).
 
 use std::cell::RefCell;
 use std::sync::Arc;

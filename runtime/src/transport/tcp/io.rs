@@ -150,7 +150,7 @@ pub(super) const PEEK_PAYLOAD: usize = 4096;
 /// The header of the frame at the head of `fd`'s stream when all of it is there, and it is one
 /// that a receive may take: a data frame or a plain heartbeat, with how many bytes of the
 /// stream (header first) the call peeked into `buf`. Anything else, malformed frames
-/// included, is the reader thread's to handle.
+/// included, is the progress engine's to handle.
 pub(super) fn whole_frame(
     fd: std::os::fd::RawFd,
     buf: &mut [u8; HEADER_LEN + PEEK_PAYLOAD],
@@ -170,25 +170,8 @@ pub(super) fn whole_frame(
     match hdr.kind {
         FrameKind::Heartbeat if hdr.len == 0 => {}
         FrameKind::Collective | FrameKind::P2p | FrameKind::Agree => {}
-        // Control frames, and malformed ones, are the reader thread's.
+        // Control frames, and malformed ones, are the engine's.
         _ => return None,
     }
     ((avail as u64) >= HEADER_LEN as u64 + hdr.len).then_some((hdr, seen))
-}
-
-/// Sleeps until `fd` is readable, closed or failed.
-pub(super) fn wait_readable(fd: std::os::fd::RawFd) {
-    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-    // SAFETY: one valid pollfd; the caller keeps `fd` open.
-    while unsafe { libc::poll(&mut p, 1, -1) } < 0
-        && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
-    {}
-}
-
-/// True when a read of `fd` would not block (data, end of stream or an error).
-pub(super) fn readable_now(fd: std::os::fd::RawFd) -> bool {
-    let mut b = [0u8; 1];
-    // SAFETY: peeks at most one byte into a local buffer; the caller keeps `fd` open.
-    let n = unsafe { libc::recv(fd, b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
-    n >= 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock
 }

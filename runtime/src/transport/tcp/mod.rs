@@ -1,52 +1,43 @@
-//! TCP links: one authenticated socket per pair of ranks, a reader thread per socket that files
-//! frames into the [`Inbox`], and writes with `MSG_NOSIGNAL` so a dead peer is an error, never a
-//! SIGPIPE in the host program. One thread takes a frame off the socket at a time (the
-//! `reading` lock): the link's reader thread, or a receive that polls for its frame and takes
-//! it itself (`pump`, whole small frames; `land`, a large frame straight into the receive's
-//! buffer), while the reader stands aside (`polled`). io.rs reads and writes sockets, reader.rs
-//! is the reader thread.
+//! TCP links: one authenticated socket per pair of ranks, whose frames the process's progress
+//! engine (engine.rs: one thread, epoll over every link) files into the [`Inbox`], and writes
+//! with `MSG_NOSIGNAL` so a dead peer is an error, never a SIGPIPE in the host program. One
+//! thread takes a frame off a socket at a time (the `reading` lock): the engine, or a receive
+//! that polls for its frame and takes it itself (`pump`, whole small frames; `read_direct`, a
+//! large frame straight into the receive's buffer), while the engine leaves the link aside
+//! (`polled`). io.rs reads and writes sockets, rx.rs reads frames a piece at a time for the
+//! engine.
 
 mod channel;
+mod engine;
 mod io;
-mod reader;
+mod rx;
 
 use crate::sync::Locked;
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::shm::futex_wake;
 use super::{DirectRead, Fault, Frame, Inbox, Key, Link};
 use crate::config::{Config, MAX_CHUNK_BYTES};
 use crate::error::{Error, ErrorKind, Result};
 use crate::wire::{FrameHeader, FrameKind, HEADER_LEN};
 pub(crate) use channel::TcpChannel;
+use engine::Engine;
 pub(crate) use io::send_all;
 use io::{discard_skipped, peek_header, read_exact_fd, read_payload, send_all_unless_full, whole_frame, PEEK_PAYLOAD};
-use reader::{reader_loop, Reader};
+use rx::{finish, Conn, Rx};
 
 struct TcpLink {
-    peer: u32,
-    /// The socket's descriptor, for what must not wait for the writer lock (a sender may hold it
-    /// while blocked on a frozen peer): peeking, and the shutdown that unblocks that sender.
-    fd: std::os::fd::RawFd,
-    writer: Mutex<TcpStream>,
-    closing: Arc<AtomicBool>,
-    reader: Mutex<Option<JoinHandle<()>>>,
-    heard: Arc<LastHeard>,
-    inbox: Arc<Inbox>,
-    /// Held by whichever thread takes a frame off the socket (the reader thread, or a receive
-    /// in [`TcpLink::pump`]), so that frames are read whole and filed in the order they came.
-    reading: Arc<Mutex<()>>,
-    /// How many receives poll this link for a small frame, taking it themselves: the reader
-    /// thread stands aside meanwhile (a futex word, see [`Link::poll`]).
-    polled: Arc<AtomicU32>,
-    /// Bytes of a frame that a receive began to land and gave up (see [`TcpLink::land`]):
-    /// whoever reads the socket next discards them first. Changed under `reading`.
-    skip: Arc<AtomicU64>,
+    conn: Arc<Conn>,
+    /// The link's name in the engine.
+    token: u64,
+    engine: Arc<Engine>,
+    /// Held while a frame is written, so that frames go out whole. The socket's descriptor
+    /// (`conn.fd`) serves what must not wait for it (a sender may hold it while blocked on a
+    /// frozen peer): peeking, and the shutdown that unblocks that sender.
+    writing: Mutex<()>,
 }
 
 /// When the last frame arrived, as milliseconds since the link started.
@@ -64,89 +55,118 @@ impl LastHeard {
 impl Link for TcpLink {
     fn send(&self, hdr: &FrameHeader, payload: &[u8]) -> std::io::Result<()> {
         let head = hdr.encode();
-        let sock = self.writer.locked();
-        send_all(&sock, &head, payload)
+        let _w = self.writing.locked();
+        send_all(&self.conn.sock, &head, payload)
     }
 
     fn close(&self, goodbye: Option<&[u8]>) {
-        self.closing.store(true, Ordering::SeqCst);
+        let c = &self.conn;
+        c.closing.store(true, Ordering::SeqCst);
         if let Some(news) = goodbye {
-            let sock = self.writer.locked();
+            let _w = self.writing.locked();
             let hdr = FrameHeader { len: news.len() as u64, ..GOODBYE };
-            let _ = send_all(&sock, &hdr.encode(), news);
+            let _ = send_all(&c.sock, &hdr.encode(), news);
         }
-        // SAFETY: `fd` stays open as long as `writer` (owned by self) lives.
-        unsafe { libc::shutdown(self.fd, libc::SHUT_RDWR) };
-        // A reader standing aside (see `poll`) sees `closing` at once.
-        futex_wake(&self.polled);
-        if let Some(t) = self.reader.locked().take() {
-            let _ = t.join();
-        }
-        tracing::debug!(peer = self.peer, graceful = goodbye.is_some(), "link closed");
+        let _ = c.sock.shutdown(std::net::Shutdown::Both);
+        self.engine.remove(self.token, c.fd);
+        // Once the engine's turn on this link (if any) is over, nothing more is filed from it.
+        drop(c.reading.locked());
+        tracing::debug!(peer = c.peer, graceful = goodbye.is_some(), "link closed");
     }
 
     fn control(&self, hdr: &FrameHeader, payload: &[u8]) -> bool {
         // Never wait behind another thread's frame: the caller tries again later.
-        let Ok(sock) = self.writer.try_lock() else { return false };
-        send_all_unless_full(&sock, &hdr.encode(), payload)
+        let Ok(_w) = self.writing.try_lock() else { return false };
+        send_all_unless_full(&self.conn.sock, &hdr.encode(), payload)
     }
 
     fn heartbeat(&self) {
-        if let Ok(sock) = self.writer.try_lock() {
+        if let Ok(_w) = self.writing.try_lock() {
             let beat = FrameHeader::control(FrameKind::Heartbeat, 0, 0, 0, 0);
             let b = beat.encode();
             // Never wait: a full socket buffer means the peer has data to read from us already.
-            // SAFETY: `b` is a readable buffer of its length; the fd belongs to `sock`.
-            unsafe {
-                libc::send(sock.as_raw_fd(), b.as_ptr().cast(), b.len(), libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
-            };
+            // SAFETY: `b` is a readable buffer of its length; the fd belongs to `conn.sock`.
+            unsafe { libc::send(self.conn.fd, b.as_ptr().cast(), b.len(), libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
         }
     }
 
     fn silent_for(&self) -> Duration {
-        let last = Duration::from_millis(self.heard.ms.load(Ordering::Relaxed));
-        self.heard.start.elapsed().saturating_sub(last)
+        let heard = &self.conn.heard;
+        let last = Duration::from_millis(heard.ms.load(Ordering::Relaxed));
+        heard.start.elapsed().saturating_sub(last)
     }
 
     fn has_unread(&self) -> bool {
         let mut b = [0u8; 1];
-        // SAFETY: peeks at most one byte into a local buffer; `fd` lives as long as self.
-        let n = unsafe { libc::recv(self.fd, b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+        // SAFETY: peeks at most one byte into a local buffer; `conn.sock` keeps the fd open.
+        let n = unsafe { libc::recv(self.conn.fd, b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
         n > 0
     }
 
     fn poll(&self, budget: Duration, ready: &dyn Fn() -> bool, small: bool, land: Option<&DirectRead<'_>>) -> bool {
         let look = || land.is_some_and(|l| self.read_direct(l)) || self.pump() || ready();
         if !small && land.is_none() {
-            // A large frame is the reader's to copy while this thread works on the last one:
-            // wake the reader in case it stands aside after an earlier small receive.
-            futex_wake(&self.polled);
+            // A large frame is the engine's to copy while this thread works on the last one:
+            // have it watch the socket again in case an earlier small receive left it aside.
+            self.unpark();
             return super::poll_yielding(budget, look);
         }
         // The receive takes its frame itself (small ones whole, one it lands straight into its
-        // buffer): a reader thread woken by each would find nothing to do, and take a core
-        // from the ranks that share it.
-        self.polled.fetch_add(1, Ordering::SeqCst);
+        // buffer): the engine woken by each would find nothing to do, and take a core from the
+        // ranks that share it.
+        self.conn.polled.fetch_add(1, Ordering::SeqCst);
         let got = super::poll_yielding(budget, look);
-        if self.polled.fetch_sub(1, Ordering::SeqCst) == 1 && !got {
-            // The receive will sleep: from now on the reader must watch the socket.
-            futex_wake(&self.polled);
+        if self.conn.polled.fetch_sub(1, Ordering::SeqCst) == 1 && !got {
+            // The receive will sleep: from now on the engine must watch the socket.
+            self.unpark();
         }
         got
     }
 }
 
+impl Drop for TcpLink {
+    fn drop(&mut self) {
+        // A link dropped without `close` (a failed start) is no failure of the peer.
+        self.conn.closing.store(true, Ordering::SeqCst);
+        self.engine.remove(self.token, self.conn.fd);
+    }
+}
+
 impl TcpLink {
+    /// Has the engine watch the socket again if it left it aside for polling receives.
+    fn unpark(&self) {
+        fence(Ordering::SeqCst);
+        if self.conn.aside.swap(false, Ordering::SeqCst) {
+            self.engine.arm(self.token, self.conn.fd);
+        }
+    }
+
+    /// Lets go of `reading`, and re-arms the socket if the engine found it held meanwhile.
+    fn let_go(&self, rx: MutexGuard<'_, Rx>) {
+        drop(rx);
+        fence(Ordering::SeqCst);
+        if self.conn.busy.swap(false, Ordering::SeqCst) {
+            self.engine.arm(self.token, self.conn.fd);
+        }
+    }
+
     /// Takes one frame off the connection into the inbox if that can be done at once (the
     /// whole frame is there and no other thread is reading), so that a receive that waits
-    /// for it need not wait for the link's reader thread; true when it did.
+    /// for it need not wait for the engine; true when it did.
     fn pump(&self) -> bool {
-        let Ok(_reading) = self.reading.try_lock() else { return false };
-        if !self.caught_up() {
+        let Ok(mut rx) = self.conn.reading.try_lock() else { return false };
+        let took = self.pump_locked(&mut rx);
+        self.let_go(rx);
+        took
+    }
+
+    fn pump_locked(&self, rx: &mut MutexGuard<'_, Rx>) -> bool {
+        let c = &*self.conn;
+        if !self.caught_up(rx) {
             return false;
         }
         let mut peeked = [0u8; HEADER_LEN + PEEK_PAYLOAD];
-        let Some((hdr, seen)) = whole_frame(self.fd, &mut peeked) else { return false };
+        let Some((hdr, seen)) = whole_frame(c.fd, &mut peeked) else { return false };
         let data = hdr.kind != FrameKind::Heartbeat;
         let len = hdr.len as usize;
         // Every byte of the frame is in the socket: no read below can block.
@@ -155,17 +175,17 @@ impl TcpLink {
             // The peek showed the whole frame: take it off the socket in one read of its length
             // (the same bytes again), not two.
             let frame = &mut peeked[..HEADER_LEN + len];
-            read_exact_fd(self.fd, frame).map(|()| payload.extend_from_slice(&frame[HEADER_LEN..]))
+            read_exact_fd(c.fd, frame).map(|()| payload.extend_from_slice(&frame[HEADER_LEN..]))
         } else {
             let mut head = [0u8; HEADER_LEN];
-            read_exact_fd(self.fd, &mut head).and_then(|()| read_payload(self.fd, &mut payload, len, None))
+            read_exact_fd(c.fd, &mut head).and_then(|()| read_payload(c.fd, &mut payload, len, None))
         };
         if let Err(e) = read {
-            return self.fail(&e);
+            return self.fail(rx, &e);
         }
-        self.heard.now();
+        c.heard.now();
         if data {
-            self.inbox.push(self.peer, Frame { hdr, payload, landed: false });
+            c.inbox.push(c.peer, Frame { hdr, payload, landed: false });
         }
         true
     }
@@ -176,65 +196,71 @@ impl TcpLink {
     /// comes, until the receive must give up: then the rest of the frame is left to be
     /// discarded (`skip`), and `dst` is never written again.
     fn read_direct(&self, l: &DirectRead<'_>) -> bool {
-        let Ok(_reading) = self.reading.try_lock() else { return false };
-        if !self.caught_up() || self.inbox.has_queued(&l.key) {
+        let Ok(mut rx) = self.conn.reading.try_lock() else { return false };
+        let took = self.read_direct_locked(&mut rx, l);
+        self.let_go(rx);
+        took
+    }
+
+    fn read_direct_locked(&self, rx: &mut MutexGuard<'_, Rx>, l: &DirectRead<'_>) -> bool {
+        let c = &*self.conn;
+        if !self.caught_up(rx) || c.inbox.has_queued(&l.key) {
             return false;
         }
-        let Some(mut head) = peek_header(self.fd) else { return false };
+        let Some(mut head) = peek_header(c.fd) else { return false };
         let mut dst = l.dst.borrow_mut();
         let ours = FrameHeader::decode(&head, MAX_CHUNK_BYTES).ok().filter(|h| {
-            Key { src: self.peer, kind: h.kind, comm_id: h.comm_id, seq: h.seq } == l.key && h.len == dst.len() as u64
+            Key { src: c.peer, kind: h.kind, comm_id: h.comm_id, seq: h.seq } == l.key && h.len == dst.len() as u64
         });
         let Some(hdr) = ours else { return false };
-        if let Err(e) = read_exact_fd(self.fd, &mut head) {
-            self.fail(&e);
-            return false;
+        if let Err(e) = read_exact_fd(c.fd, &mut head) {
+            return self.fail(rx, &e);
         }
         let mut got = 0;
         while got < dst.len() {
             let rest = &mut dst[got..];
-            // SAFETY: `rest` is writable memory of its length; `fd` lives as long as self.
-            let n = unsafe { libc::recv(self.fd, rest.as_mut_ptr().cast(), rest.len(), libc::MSG_DONTWAIT) };
+            // SAFETY: `rest` is writable memory of its length; `conn.sock` keeps the fd open.
+            let n = unsafe { libc::recv(c.fd, rest.as_mut_ptr().cast(), rest.len(), libc::MSG_DONTWAIT) };
             if n > 0 {
                 got += n as usize;
-                self.heard.now();
+                c.heard.now();
                 continue;
             }
             let e = std::io::Error::last_os_error();
             match n {
-                0 => return self.fail(&std::io::ErrorKind::UnexpectedEof.into()),
+                0 => return self.fail(rx, &std::io::ErrorKind::UnexpectedEof.into()),
                 _ if e.kind() == std::io::ErrorKind::Interrupted => {}
-                _ if e.kind() != std::io::ErrorKind::WouldBlock => return self.fail(&e),
+                _ if e.kind() != std::io::ErrorKind::WouldBlock => return self.fail(rx, &e),
                 _ if (l.give_up)() => {
-                    self.skip.store((dst.len() - got) as u64, Ordering::SeqCst);
+                    c.skip.store((dst.len() - got) as u64, Ordering::SeqCst);
                     return false;
                 }
                 _ => {
-                    let mut p = libc::pollfd { fd: self.fd, events: libc::POLLIN, revents: 0 };
-                    // SAFETY: one valid pollfd; `fd` lives as long as self.
+                    let mut p = libc::pollfd { fd: c.fd, events: libc::POLLIN, revents: 0 };
+                    // SAFETY: one valid pollfd; `conn.sock` keeps the fd open.
                     unsafe { libc::poll(&mut p, 1, 1) };
                 }
             }
         }
-        self.inbox.push(self.peer, Frame { hdr, payload: Vec::new(), landed: true });
+        c.inbox.push(c.peer, Frame { hdr, payload: Vec::new(), landed: true });
         true
     }
 
-    /// Discards what a receive left of a frame it gave up (see `land`); false while some of
-    /// it is still to come. Called under `reading`.
-    fn caught_up(&self) -> bool {
-        discard_skipped(self.fd, &self.skip, libc::MSG_DONTWAIT).is_ok_and(|left| left == 0)
+    /// True when the next byte of the socket starts a frame: the engine has no frame half read,
+    /// and what a receive left of a frame it gave up (see `read_direct`) is discarded. Called
+    /// under `reading`.
+    fn caught_up(&self, rx: &Rx) -> bool {
+        !rx.done
+            && rx.between_frames()
+            && discard_skipped(self.conn.fd, &self.conn.skip, libc::MSG_DONTWAIT).is_ok_and(|left| left == 0)
     }
 
-    /// The connection broke inside a frame: as the reader thread would, close it and say why.
-    fn fail(&self, e: &std::io::Error) -> bool {
-        if !self.closing.load(Ordering::SeqCst) {
-            // SAFETY: `fd` stays open as long as `writer` (owned by self) lives.
-            unsafe { libc::shutdown(self.fd, libc::SHUT_RDWR) };
-            let mut fault = lost(e);
-            fault.reason = format!("inside a frame: {}", fault.reason);
-            self.inbox.mark_failed(self.peer, fault);
-        }
+    /// The connection broke inside a frame: as the engine would, close it and say why.
+    fn fail(&self, rx: &mut MutexGuard<'_, Rx>, e: &std::io::Error) -> bool {
+        let mut fault = lost(e);
+        fault.reason = format!("inside a frame: {}", fault.reason);
+        finish(&self.conn, rx, Some(fault));
+        self.engine.remove(self.token, self.conn.fd);
         false
     }
 }
@@ -266,36 +292,23 @@ pub(crate) fn start_link(sock: TcpStream, peer: u32, inbox: &Arc<Inbox>, cfg: &C
     sock.set_nodelay(true).map_err(sys)?;
     sock.set_read_timeout(None).map_err(sys)?;
     sock.set_write_timeout(Some(cfg.timeout)).map_err(sys)?;
-    let rx = sock.try_clone().map_err(sys)?;
-    let closing = Arc::new(AtomicBool::new(false));
-    let heard = Arc::new(LastHeard { start: Instant::now(), ms: AtomicU64::new(0) });
-    let reading = Arc::new(Mutex::new(()));
-    let polled = Arc::new(AtomicU32::new(0));
-    let skip = Arc::new(AtomicU64::new(0));
-    let r = Reader {
+    let engine = engine::engine().map_err(sys)?;
+    let conn = Arc::new(Conn {
         peer,
+        fd: sock.as_raw_fd(),
+        peer_addr: sock.peer_addr().ok(),
+        sock,
         inbox: inbox.clone(),
-        closing: closing.clone(),
-        heard: heard.clone(),
-        reading: reading.clone(),
-        polled: polled.clone(),
-        skip: skip.clone(),
-    };
-    let reader =
-        std::thread::Builder::new().name(format!("hccn-rx-{peer}")).spawn(move || reader_loop(rx, r)).map_err(sys)?;
-    let fd = sock.as_raw_fd();
-    Ok(Arc::new(TcpLink {
-        peer,
-        fd,
-        writer: Mutex::new(sock),
-        closing,
-        reader: Mutex::new(Some(reader)),
-        heard,
-        inbox: inbox.clone(),
-        reading,
-        polled,
-        skip,
-    }))
+        closing: AtomicBool::new(false),
+        heard: LastHeard { start: Instant::now(), ms: AtomicU64::new(0) },
+        reading: Mutex::new(Rx::default()),
+        polled: AtomicU32::new(0),
+        skip: AtomicU64::new(0),
+        aside: AtomicBool::new(false),
+        busy: AtomicBool::new(false),
+    });
+    let token = engine.add(&conn).map_err(sys)?;
+    Ok(Arc::new(TcpLink { conn, token, engine, writing: Mutex::new(()) }))
 }
 
 #[cfg(test)]

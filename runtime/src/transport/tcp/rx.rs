@@ -1,0 +1,304 @@
+//! Reading a link's frames a piece at a time, without ever blocking: the progress engine
+//! (engine.rs) calls [`advance`] when the socket is readable and gets back to its other links
+//! when the bytes run out, so that a slow or stalled peer holds up no one but itself. What a
+//! frame half read so far is waits in [`Rx`]. Complete frames are filed here: data into the
+//! inbox, control frames (goodbye, suspicions, evictions, abandons, introductions, revokes)
+//! into the inbox's health, heartbeats only mark the link heard.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::io::discard_skipped;
+use super::{lost, LastHeard};
+use crate::config::MAX_CHUNK_BYTES;
+use crate::transport::{news, Fault, Frame, Inbox};
+use crate::wire::{FrameHeader, FrameKind, HEADER_LEN};
+
+/// What the receiving side of one link shares between the engine and the receives that take
+/// their own frames (`TcpLink::pump`, `TcpLink::read_direct`).
+pub(super) struct Conn {
+    pub peer: u32,
+    /// The socket; its descriptor lives as long as anyone (the engine included) holds the Conn.
+    pub sock: std::net::TcpStream,
+    pub fd: std::os::fd::RawFd,
+    pub peer_addr: Option<SocketAddr>,
+    pub inbox: Arc<Inbox>,
+    pub closing: AtomicBool,
+    pub heard: LastHeard,
+    /// Held by whichever thread takes bytes off the socket (the engine, or a receive), so that
+    /// frames are read whole and filed in the order they came.
+    pub reading: Mutex<Rx>,
+    /// How many receives poll this link for a small frame, taking it themselves: the engine
+    /// stands aside meanwhile (see `TcpLink::poll`).
+    pub polled: AtomicU32,
+    /// Bytes of a frame that a receive began to land and gave up (see `TcpLink::read_direct`):
+    /// whoever reads the socket next discards them first. Changed under `reading`.
+    pub skip: AtomicU64,
+    /// The engine stopped watching the socket because receives poll it (`polled`); whoever
+    /// sees this first once they stop re-arms it (`TcpLink::unpark`), or the engine's tick.
+    pub aside: AtomicBool,
+    /// The engine found `reading` held by a receive and stopped watching: the receive re-arms
+    /// the socket when it lets go (`TcpLink::let_go`).
+    pub busy: AtomicBool,
+}
+
+/// A frame taken off the socket so far, and the link's slow-frame record.
+pub(super) struct Rx {
+    head: [u8; HEADER_LEN],
+    head_got: usize,
+    /// The header, once all of it came and it passed the checks; the payload comes next.
+    hdr: Option<FrameHeader>,
+    payload: Vec<u8>,
+    began: Option<Instant>,
+    slow: Crawl,
+    /// Nothing more is read from this socket: a goodbye came, or the link failed.
+    pub done: bool,
+}
+
+impl Default for Rx {
+    fn default() -> Rx {
+        Rx {
+            head: [0; HEADER_LEN],
+            head_got: 0,
+            hdr: None,
+            payload: Vec::new(),
+            began: None,
+            slow: Crawl::default(),
+            done: false,
+        }
+    }
+}
+
+impl Rx {
+    /// True between frames: no bytes of a frame have been taken yet.
+    pub fn between_frames(&self) -> bool {
+        self.head_got == 0 && self.hdr.is_none()
+    }
+}
+
+/// What one call of [`advance`] came to.
+pub(super) enum Step {
+    /// The socket has no more bytes now; `data` when a data frame was filed (more are likely
+    /// to follow soon).
+    Drained { data: bool },
+    /// A frame boundary was reached while receives poll the link: they take the next frames.
+    Aside { data: bool },
+    /// The share of one turn was used up with bytes still waiting.
+    More { data: bool },
+    /// The link is over: a goodbye (`None`), or the fault that ends it.
+    Over(Option<Fault>),
+}
+
+/// How much one turn of [`advance`] reads before the engine serves its other links.
+const TURN_FRAMES: usize = 16;
+const TURN_BYTES: usize = 4 << 20;
+
+/// Largest payload of a control frame (goodbye, suspect, evict, mismatch): what the news of
+/// every rank of a large job takes, and no more.
+const CONTROL_MAX: usize = 1 << 20;
+
+/// Reads what the socket holds now, frame by frame, filing each one complete; never blocks.
+/// Called under `c.reading` (that is `rx`).
+pub(super) fn advance(c: &Conn, rx: &mut Rx) -> Step {
+    let (mut frames, mut bytes, mut data) = (0usize, 0usize, false);
+    match discard_skipped(c.fd, &c.skip, libc::MSG_DONTWAIT) {
+        Ok(0) => {}
+        Ok(_) => return Step::Drained { data },
+        Err(e) => return Step::Over(Some(lost(&e))),
+    }
+    loop {
+        if rx.between_frames() && c.polled.load(Ordering::SeqCst) > 0 {
+            return Step::Aside { data };
+        }
+        if frames >= TURN_FRAMES || bytes >= TURN_BYTES {
+            return Step::More { data };
+        }
+        let got = match rx.hdr {
+            None => read_head(c, rx),
+            Some(_) => read_body(c, rx),
+        };
+        match got {
+            Ok(0) => return Step::Drained { data },
+            Ok(n) => bytes += n,
+            Err(fault) => return Step::Over(Some(fault)),
+        }
+        if rx.hdr.is_none() && rx.head_got == HEADER_LEN {
+            match header(c, rx) {
+                Ok(true) => {}
+                Ok(false) => frames += 1,
+                Err(fault) => return Step::Over(Some(fault)),
+            }
+        }
+        if let Some(hdr) = rx.hdr.filter(|h| rx.payload.len() as u64 == h.len) {
+            frames += 1;
+            match file(c, rx, hdr) {
+                Ok(d) => data |= d,
+                Err(end) => return Step::Over(end),
+            }
+        }
+    }
+}
+
+/// One non-blocking `recv` into `buf`: how many bytes came (0: none now). The end of the stream
+/// and errors are faults (`inside` a frame: said so).
+fn recv_now(c: &Conn, buf: *mut u8, len: usize, inside: bool) -> Result<usize, Fault> {
+    loop {
+        // SAFETY: the callers pass writable memory of `len` bytes; `c.sock` keeps `fd` open.
+        let n = unsafe { libc::recv(c.fd, buf.cast(), len, libc::MSG_DONTWAIT) };
+        if n > 0 {
+            c.heard.now();
+            return Ok(n as usize);
+        }
+        let e = if n == 0 { std::io::ErrorKind::UnexpectedEof.into() } else { std::io::Error::last_os_error() };
+        match e.kind() {
+            std::io::ErrorKind::Interrupted => {}
+            std::io::ErrorKind::WouldBlock => return Ok(0),
+            _ => {
+                let mut fault = lost(&e);
+                if inside {
+                    fault.reason = format!("inside a frame: {}", fault.reason);
+                }
+                return Err(fault);
+            }
+        }
+    }
+}
+
+fn read_head(c: &Conn, rx: &mut Rx) -> Result<usize, Fault> {
+    let inside = rx.head_got > 0;
+    let rest = &mut rx.head[rx.head_got..];
+    let n = recv_now(c, rest.as_mut_ptr(), rest.len(), inside)?;
+    rx.head_got += n;
+    Ok(n)
+}
+
+fn read_body(c: &Conn, rx: &mut Rx) -> Result<usize, Fault> {
+    let want = rx.hdr.map_or(0, |h| h.len as usize) - rx.payload.len();
+    let spare = &mut rx.payload.spare_capacity_mut()[..want];
+    let n = recv_now(c, spare.as_mut_ptr().cast(), spare.len(), true)?;
+    // SAFETY: the kernel initialised the first `n` bytes of `spare`, which follow `len()`.
+    unsafe { rx.payload.set_len(rx.payload.len() + n) };
+    Ok(n)
+}
+
+/// Checks the header just read whole. Frames that are a header alone (heartbeats, revokes) are
+/// done with here: `Ok(false)`. Otherwise the payload comes next: `Ok(true)`.
+fn header(c: &Conn, rx: &mut Rx) -> Result<bool, Fault> {
+    let hdr = FrameHeader::decode(&rx.head, MAX_CHUNK_BYTES)
+        .map_err(|e| Fault::cut(format!("refused a frame and closed the connection: {e}")))?;
+    rx.head_got = 0;
+    let control = matches!(
+        hdr.kind,
+        FrameKind::Goodbye
+            | FrameKind::Suspect
+            | FrameKind::Evict
+            | FrameKind::Abandon
+            | FrameKind::Revoke
+            | FrameKind::Intro
+    );
+    match hdr.kind {
+        FrameKind::Heartbeat if hdr.len == 0 => return Ok(false),
+        FrameKind::Heartbeat | FrameKind::Revoke if hdr.len != 0 => {
+            return Err(Fault::cut(format!("refused a {:?} frame carrying {} bytes", hdr.kind, hdr.len)))
+        }
+        FrameKind::Revoke => {
+            c.inbox.revoke(hdr.comm_id);
+            return Ok(false);
+        }
+        _ if control && hdr.len > CONTROL_MAX as u64 => {
+            return Err(Fault::cut(format!("refused a {:?} frame of {} bytes", hdr.kind, hdr.len)))
+        }
+        _ => {}
+    }
+    rx.payload = crate::transport::pool::take(hdr.len as usize);
+    rx.payload.clear();
+    rx.payload.reserve_exact(hdr.len as usize);
+    rx.hdr = Some(hdr);
+    rx.began = Some(Instant::now());
+    Ok(true)
+}
+
+/// Files the frame read whole: `Ok(true)` for a data frame; `Err` ends the link (a goodbye:
+/// `None`).
+fn file(c: &Conn, rx: &mut Rx, hdr: FrameHeader) -> Result<bool, Option<Fault>> {
+    rx.hdr = None;
+    let payload = std::mem::take(&mut rx.payload);
+    if let Some(began) = rx.began.take() {
+        rx.slow.frame(&c.inbox, c.peer, payload.len(), began);
+    }
+    let (inbox, peer) = (&c.inbox, c.peer);
+    match hdr.kind {
+        FrameKind::Goodbye => {
+            inbox.mark_departed(peer, news::decode(&payload).unwrap_or_default());
+            return Err(None);
+        }
+        FrameKind::Intro => match <[u8; 10]>::try_from(&payload[..]) {
+            Ok(b) => {
+                let id = u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
+                let port = u16::from_le_bytes([b[8], b[9]]);
+                let pulse = c.peer_addr.filter(|_| port != 0).map(|a| SocketAddr::new(a.ip(), port));
+                inbox.note_intro(peer, id, pulse);
+            }
+            Err(_) => return Err(Some(Fault::cut("refused a malformed intro frame and closed the connection"))),
+        },
+        FrameKind::Evict => {
+            let why = String::from_utf8_lossy(&payload).into_owned();
+            return Err(Some(Fault::cut(format!("it declared this rank dead ({why}) and closed the connection"))));
+        }
+        FrameKind::Suspect => match news::decode(&payload) {
+            Some(faults) => inbox.note_suspects(peer, faults),
+            None => return Err(Some(Fault::cut("refused a malformed suspect frame and closed the connection"))),
+        },
+        FrameKind::Abandon => inbox.note_abandon(peer, hdr, &payload),
+        _ => {
+            inbox.push(peer, Frame { hdr, payload, landed: false });
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Ends the link after [`Step::Over`]: nothing more is read; a fault (unless the link is
+/// closing) shuts the socket and marks the peer failed. Called under `reading`.
+pub(super) fn finish(c: &Conn, rx: &mut MutexGuard<'_, Rx>, end: Option<Fault>) {
+    rx.done = true;
+    if let Some(fault) = end {
+        if !c.closing.load(Ordering::SeqCst) {
+            let _ = c.sock.shutdown(std::net::Shutdown::Both);
+            c.inbox.mark_failed(c.peer, fault);
+        }
+    }
+}
+
+/// Large frames that crawl in: a slow link, shown as a straggler link in the trace and logged
+/// once (`HCCN_LOG=warn`), never counted as a failure while its bytes keep coming.
+#[derive(Default)]
+struct Crawl {
+    warned: bool,
+    /// When the last straggler event was traced: at most one a second.
+    last: Option<Instant>,
+}
+
+/// A frame slower than this, of at least `CRAWL_BYTES`, is a straggler.
+const CRAWL_RATE: f64 = 50e6;
+const CRAWL_BYTES: usize = 64 << 10;
+
+impl Crawl {
+    fn frame(&mut self, inbox: &Inbox, peer: u32, len: usize, began: Instant) {
+        let took = began.elapsed();
+        if len < CRAWL_BYTES || (len as f64) >= CRAWL_RATE * took.as_secs_f64() {
+            return;
+        }
+        if !std::mem::replace(&mut self.warned, true) {
+            let rate = len as f64 / took.as_secs_f64() / 1e6;
+            tracing::warn!(peer, "slow link: a frame of {len} bytes took {} ms ({rate:.1} MB/s)", took.as_millis());
+        }
+        if self.last.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+            self.last = Some(Instant::now());
+            let me = inbox.rank_of(crate::transport::incarnation()).unwrap_or(0);
+            crate::trace::straggler(crate::trace::started_ago(took), me, peer);
+        }
+    }
+}

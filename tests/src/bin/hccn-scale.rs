@@ -1,0 +1,76 @@
+//! One rank of a scale probe under hccnrun, for tests/tests/scale.rs: init from the environment,
+//! barrier, one checked allreduce, then this process's threads and descriptors
+//! (/proc/self/task, /proc/self/fd) while the communicator is alive, then destroy.
+//!
+//! Prints `rank r of n: SCALE threads=T fds=F` on success; `FAIL ...` and exit 1 otherwise.
+
+use std::process::ExitCode;
+
+use hccn::*;
+use hccn_tests::capi::{check, start_worker};
+
+const FP32: u32 = 4;
+const SUM: u32 = 0;
+
+fn count(dir: &str) -> usize {
+    std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
+}
+
+fn rank_and_size(comm: *mut hccn_comm) -> Result<(u32, u32), String> {
+    let (mut rank, mut size) = (0u32, 0u32);
+    // SAFETY: a live communicator and valid out pointers.
+    check(unsafe { hccn_comm_rank(comm, &mut rank) }).map_err(|(c, m)| format!("comm_rank: {c} {m}"))?;
+    // SAFETY: as above.
+    check(unsafe { hccn_comm_size(comm, &mut size) }).map_err(|(c, m)| format!("comm_size: {c} {m}"))?;
+    Ok((rank, size))
+}
+
+/// Barrier, then an allreduce of a few numbers per rank checked against the exact sum.
+fn exercise(comm: *mut hccn_comm, rank: u32, n: u32) -> Result<(), String> {
+    // SAFETY: a live communicator; NULL stream means a blocking call.
+    check(unsafe { hccn_barrier(comm, std::ptr::null_mut()) }).map_err(|(c, m)| format!("barrier: {c} {m}"))?;
+    const COUNT: usize = 1024;
+    let send: Vec<f32> = (0..COUNT).map(|i| (rank as usize + i % 7) as f32).collect();
+    let mut recv = vec![0.0f32; COUNT];
+    // SAFETY: live buffers of COUNT floats each, for the blocking call.
+    let r = unsafe {
+        hccn_allreduce(
+            send.as_ptr().cast(),
+            recv.as_mut_ptr().cast(),
+            COUNT as u64,
+            FP32,
+            SUM,
+            comm,
+            std::ptr::null_mut(),
+        )
+    };
+    check(r).map_err(|(c, m)| format!("allreduce: {c} {m}"))?;
+    let ranks = (n as usize * (n as usize - 1) / 2) as f32;
+    for (i, &got) in recv.iter().enumerate() {
+        let want = ranks + (n as usize * (i % 7)) as f32;
+        if got != want {
+            return Err(format!("allreduce: element {i} is {got}, expected {want}"));
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let comm = match start_worker() {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let outcome = rank_and_size(comm.comm).and_then(|(rank, n)| exercise(comm.comm, rank, n).map(|()| (rank, n)));
+    match outcome {
+        Ok((rank, n)) => {
+            let (threads, fds) = (count("/proc/self/task"), count("/proc/self/fd"));
+            println!("rank {rank} of {n}: SCALE threads={threads} fds={fds}");
+            drop(comm);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            println!("FAIL {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
