@@ -35,7 +35,7 @@ impl Write for Duplex<'_> {
     }
 }
 
-/// A frame header as a rank's reader thread receives it: a refusal, or a header that encodes
+/// A frame header as a rank's progress engine receives it: a refusal, or a header that encodes
 /// back to the same bytes and respects the length limit.
 pub fn frame_header(data: &[u8]) {
     let Some(head) = data.get(..HEADER_LEN) else { return };
