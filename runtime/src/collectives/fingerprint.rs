@@ -9,41 +9,46 @@ use super::Op;
 use crate::types::{DataType, ReduceOp};
 use crate::wire::Fingerprint;
 
-/// The operation kinds, by the numbers a fingerprint carries (never renumbered).
-const KINDS: &[(u8, &str)] = &[
-    (1, "allreduce"),
-    (2, "allreduce_compressed"),
-    (3, "broadcast"),
-    (4, "reduce"),
-    (5, "allgather"),
-    (6, "allgatherv"),
-    (7, "reduce_scatter"),
-    (8, "gather"),
-    (9, "scatter"),
-    (10, "alltoall"),
-    (11, "alltoallv"),
-    (12, "send/recv"),
-    (13, "barrier"),
+/// The operation kinds, by the numbers a fingerprint carries (never renumbered): the index of
+/// each name in [`NAMES`]. Constants, so that building a fingerprint costs no look-up.
+const ALLREDUCE: u8 = 1;
+const ALLREDUCE_COMPRESSED: u8 = 2;
+const BROADCAST: u8 = 3;
+const REDUCE: u8 = 4;
+const ALLGATHER: u8 = 5;
+const ALLGATHERV: u8 = 6;
+const REDUCE_SCATTER: u8 = 7;
+const GATHER: u8 = 8;
+const SCATTER: u8 = 9;
+const ALLTOALL: u8 = 10;
+const ALLTOALLV: u8 = 11;
+const SEND_RECV: u8 = 12;
+const BARRIER: u8 = 13;
+const NAMES: [&str; 14] = [
+    "an unknown operation",
+    "allreduce",
+    "allreduce_compressed",
+    "broadcast",
+    "reduce",
+    "allgather",
+    "allgatherv",
+    "reduce_scatter",
+    "gather",
+    "scatter",
+    "alltoall",
+    "alltoallv",
+    "send/recv",
+    "barrier",
 ];
 
 const NO_ROOT: u32 = u32::MAX;
 
-fn kind(name: &str) -> u8 {
-    KINDS.iter().find(|k| k.1 == name).map_or(0, |k| k.0)
-}
-
 fn kind_name(code: u8) -> &'static str {
-    KINDS.iter().find(|k| k.0 == code).map_or("an unknown operation", |k| k.1)
+    NAMES.get(usize::from(code)).copied().unwrap_or(NAMES[0])
 }
 
-fn fp(name: &str, dt: Option<DataType>, op: Option<ReduceOp>, root: u32, count: u64) -> Fingerprint {
-    Fingerprint {
-        op: kind(name),
-        dtype: dt.map_or(0, |d| d as u8 + 1),
-        redop: op.map_or(0, |o| o as u8 + 1),
-        root,
-        count,
-    }
+fn fp(op: u8, dt: Option<DataType>, redop: Option<ReduceOp>, root: u32, count: u64) -> Fingerprint {
+    Fingerprint { op, dtype: dt.map_or(0, |d| d as u8 + 1), redop: redop.map_or(0, |o| o as u8 + 1), root, count }
 }
 
 /// A digest of a counts array (allgatherv): equal arrays give equal digests.
@@ -55,25 +60,23 @@ fn digest(counts: &[u64]) -> u64 {
 /// receive checks the element count and type of the send it matches.
 pub(crate) fn of(op: &Op) -> Fingerprint {
     match op {
-        Op::AllReduce { count, dt, op, .. } => fp("allreduce", Some(*dt), Some(*op), NO_ROOT, *count),
+        Op::AllReduce { count, dt, op, .. } => fp(ALLREDUCE, Some(*dt), Some(*op), NO_ROOT, *count),
         // The wire type goes where a root would: both must agree.
         Op::AllReduceCompressed { count, dt, wire, op, .. } => {
-            fp("allreduce_compressed", Some(*dt), Some(*op), *wire as u32, *count)
+            fp(ALLREDUCE_COMPRESSED, Some(*dt), Some(*op), *wire as u32, *count)
         }
-        Op::Broadcast { count, dt, root, .. } => fp("broadcast", Some(*dt), None, *root, *count),
-        Op::Reduce { count, dt, op, root, .. } => fp("reduce", Some(*dt), Some(*op), *root, *count),
-        Op::AllGather { send_count, dt, .. } => fp("allgather", Some(*dt), None, NO_ROOT, *send_count),
-        Op::AllGatherV { recv_counts, dt, .. } => fp("allgatherv", Some(*dt), None, NO_ROOT, digest(recv_counts)),
-        Op::ReduceScatter { recv_count, dt, op, .. } => {
-            fp("reduce_scatter", Some(*dt), Some(*op), NO_ROOT, *recv_count)
-        }
-        Op::Gather { send_count, dt, root, .. } => fp("gather", Some(*dt), None, *root, *send_count),
-        Op::Scatter { recv_count, dt, root, .. } => fp("scatter", Some(*dt), None, *root, *recv_count),
-        Op::AllToAll { count_per_rank, dt, .. } => fp("alltoall", Some(*dt), None, NO_ROOT, *count_per_rank),
+        Op::Broadcast { count, dt, root, .. } => fp(BROADCAST, Some(*dt), None, *root, *count),
+        Op::Reduce { count, dt, op, root, .. } => fp(REDUCE, Some(*dt), Some(*op), *root, *count),
+        Op::AllGather { send_count, dt, .. } => fp(ALLGATHER, Some(*dt), None, NO_ROOT, *send_count),
+        Op::AllGatherV { recv_counts, dt, .. } => fp(ALLGATHERV, Some(*dt), None, NO_ROOT, digest(recv_counts)),
+        Op::ReduceScatter { recv_count, dt, op, .. } => fp(REDUCE_SCATTER, Some(*dt), Some(*op), NO_ROOT, *recv_count),
+        Op::Gather { send_count, dt, root, .. } => fp(GATHER, Some(*dt), None, *root, *send_count),
+        Op::Scatter { recv_count, dt, root, .. } => fp(SCATTER, Some(*dt), None, *root, *recv_count),
+        Op::AllToAll { count_per_rank, dt, .. } => fp(ALLTOALL, Some(*dt), None, NO_ROOT, *count_per_rank),
         // Each pair's block lengths are checked frame by frame.
-        Op::AllToAllV { dt, .. } => fp("alltoallv", Some(*dt), None, NO_ROOT, 0),
-        Op::Send { count, dt, .. } | Op::Recv { count, dt, .. } => fp("send/recv", Some(*dt), None, NO_ROOT, *count),
-        Op::Barrier => fp("barrier", None, None, NO_ROOT, 0),
+        Op::AllToAllV { dt, .. } => fp(ALLTOALLV, Some(*dt), None, NO_ROOT, 0),
+        Op::Send { count, dt, .. } | Op::Recv { count, dt, .. } => fp(SEND_RECV, Some(*dt), None, NO_ROOT, *count),
+        Op::Barrier => fp(BARRIER, None, None, NO_ROOT, 0),
     }
 }
 
@@ -83,10 +86,10 @@ pub(crate) fn of(op: &Op) -> Fingerprint {
 /// that never go to the board: those whose counts differ by rank (allgatherv, alltoallv), the
 /// compressed allreduce (its point is the wire type) and send/receive.
 pub(crate) fn board_post(f: &Fingerprint, n: u32) -> Option<usize> {
-    let per_rank = match kind_name(f.op) {
-        "barrier" => return Some(0),
-        "allreduce" | "reduce" | "broadcast" | "allgather" | "gather" => 1,
-        "reduce_scatter" | "scatter" | "alltoall" => n as usize,
+    let per_rank = match f.op {
+        BARRIER => return Some(0),
+        ALLREDUCE | REDUCE | BROADCAST | ALLGATHER | GATHER => 1,
+        REDUCE_SCATTER | SCATTER | ALLTOALL => n as usize,
         _ => return None,
     };
     let dt = DataType::from_raw(f.dtype.checked_sub(1)?.into()).ok()?;
@@ -102,13 +105,14 @@ pub(crate) fn for_plan(op: &str, bytes: usize, n: u32) -> Option<Fingerprint> {
         "barrier" => 0,
         _ => return None,
     };
-    Some(fp(op, Some(DataType::Uint8), None, NO_ROOT, count as u64))
+    let code = NAMES.iter().position(|k| *k == op)? as u8;
+    Some(fp(code, Some(DataType::Uint8), None, NO_ROOT, count as u64))
 }
 
 /// Whether the call's per-rank counts are outside its fingerprint (alltoallv: only the pair a
 /// block concerns can check it).
 pub(crate) fn varies(f: &Fingerprint) -> bool {
-    f.op == kind("alltoallv")
+    f.op == ALLTOALLV
 }
 
 /// The call a fingerprint stands for, as the caller wrote it: "allreduce of 100 fp32 elements
