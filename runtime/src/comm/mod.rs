@@ -320,39 +320,40 @@ impl Communicator {
             _ => (FrameKind::Collective, self.inner.coll_seq.fetch_add(1, Ordering::SeqCst)),
         };
         let turn = if kind == FrameKind::Collective { self.inner.board.turn_for(&fp) } else { None };
-        let job = Job { kind, seq, turn, fp, work };
+        let plan = Planned { kind, seq, turn, fp };
         match stream {
             // SAFETY: the caller's promise covers the buffers until we return.
-            None => unsafe { job.run(&self.inner) },
+            None => unsafe { plan.run(&self.inner, &work) },
             Some(s) => {
                 let inner = self.inner.clone();
                 // SAFETY: the caller's promise covers the buffers until the stream runs the job.
-                s.enqueue(Box::new(move || unsafe { job.run(&inner) }))
+                s.enqueue(Box::new(move || unsafe { plan.run(&inner, &work) }))
             }
         }
     }
 }
 
-/// A checked operation with everything decided at submit time, alike on every rank.
-struct Job {
+/// What was decided for a checked operation at submit time, alike on every rank (the operation
+/// itself stays where it was checked: a blocking call moves nothing).
+#[derive(Clone, Copy)]
+struct Planned {
     kind: FrameKind,
     seq: u64,
     /// Its board turn (see collectives/board.rs).
     turn: Option<u64>,
     fp: crate::wire::Fingerprint,
-    work: Work,
 }
 
-impl Job {
-    /// Runs it; when it fails on this rank, tells the other members (see
+impl Planned {
+    /// Runs `work` as planned; when it fails on this rank, tells the other members (see
     /// [`CommInner::abandon`]).
     ///
     /// # Safety
     /// As [`collectives::execute`].
-    unsafe fn run(&self, inner: &CommInner) -> Result<()> {
+    unsafe fn run(&self, inner: &CommInner, work: &Work) -> Result<()> {
         let ctx = Ctx::new(inner, self.kind, self.seq).with_turn(self.turn).with_fingerprint(self.fp);
         // SAFETY: the caller's promise, passed on.
-        let mut r = unsafe { collectives::execute(&ctx, &self.work) };
+        let mut r = unsafe { collectives::execute(&ctx, work) };
         if r.is_ok() && inner.net.inbox.health_changes() != 0 {
             // Done here, but another rank (or thread) gave it up meanwhile: its result is not
             // to be trusted.

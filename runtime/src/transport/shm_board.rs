@@ -330,6 +330,8 @@ impl Board {
         len_of: &dyn Fn(u32) -> usize,
         each: &mut dyn FnMut(u32, &[u8]),
     ) -> Result<()> {
+        // Compared as bytes: decoded only to tell what differed.
+        let mine = fp.encode();
         for rank in 0..self.n {
             let seq = self.seq(rank, turn);
             // Ranks from `rank` on may not have posted yet; one that last ran on our core needs it.
@@ -349,9 +351,8 @@ impl Board {
             // SAFETY: the writer published this slot for `turn` (Acquire above) and does not
             // touch it again until this rank says that it read the turn.
             unsafe { std::ptr::copy_nonoverlapping(self.fingerprint(rank, turn), theirs.as_mut_ptr(), theirs.len()) };
-            let theirs = Fingerprint::decode(&theirs);
-            if theirs != *fp {
-                return Err((watch.differs)(rank, &theirs));
+            if theirs != mine {
+                return Err((watch.differs)(rank, &Fingerprint::decode(&theirs)));
             }
             // The same call posted exactly this many bytes; never more than a slot holds.
             let len = len_of(rank).min(BOARD_BYTES);
