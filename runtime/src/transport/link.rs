@@ -43,6 +43,18 @@ pub(crate) trait Link: Send + Sync {
     fn silent_for(&self) -> Duration;
     /// True when bytes from the peer are waiting to be read (it spoke; we did not listen yet).
     fn has_unread(&self) -> bool;
+
+    /// After a send to this link's peer failed: whether the peer had said goodbye (it left on
+    /// purpose and reads nothing more), giving the progress engine a moment to read a goodbye
+    /// still waiting in the socket. A survivor that leaves right after an error must not be
+    /// blamed by one still sending to it.
+    fn departed_before(&self, inbox: &crate::transport::Inbox, peer: u32) -> bool {
+        let until = std::time::Instant::now() + std::time::Duration::from_millis(100);
+        while self.has_unread() && !inbox.has_departed(peer) && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        inbox.has_departed(peer)
+    }
     /// The polling wait of a receive for a frame from this peer (see TCP_POLL): yields until
     /// `ready` or until `budget` has passed; true when `ready`. A link may meanwhile take
     /// frames off its connection into the inbox itself, so that the receive need not wait for

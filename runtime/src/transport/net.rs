@@ -74,6 +74,8 @@ pub(crate) struct Net {
     watchdog: Option<heartbeat::Watchdog>,
     /// This rank's pulse socket, when heartbeats are on.
     pulse: Option<Arc<pulse::Pulse>>,
+    /// HCCN_WATCHED_PEERS (see heartbeat.rs).
+    watched_peers: usize,
 }
 
 impl Net {
@@ -126,6 +128,7 @@ impl Net {
             pulse.clone(),
             cfg.heartbeat,
             cfg.dead_after,
+            cfg.watched_peers,
         );
         let mut hosts = vec![None; n.max(rank as usize + 1)];
         hosts[rank as usize] = Some(shm::host_id());
@@ -141,6 +144,7 @@ impl Net {
             graceful: std::sync::atomic::AtomicBool::new(true),
             watchdog,
             pulse,
+            watched_peers: cfg.watched_peers,
         }
     }
 
@@ -207,10 +211,12 @@ impl Net {
         if let Some(reason) = self.inbox.failed_reason(dst) {
             return Err(Error::rank_failed(vec![dst], format!("world rank {dst} failed earlier: {reason}")));
         }
-        link.send(hdr, payload).map_err(|e| {
-            self.inbox.mark_failed(dst, Fault::cut(format!("send failed: {e}")));
-            Error::rank_failed(vec![dst], format!("world rank {dst} is unreachable: {e}"))
-        })
+        let Err(e) = link.send(hdr, payload) else { return Ok(()) };
+        if link.departed_before(&self.inbox, dst) {
+            return Ok(());
+        }
+        self.inbox.mark_failed(dst, Fault::cut(format!("send failed: {e}")));
+        Err(Error::rank_failed(vec![dst], format!("world rank {dst} is unreachable: {e}")))
     }
 
     /// Starts sending one data frame to world rank `dst` (see [`Channel::send_start`]).
@@ -228,6 +234,14 @@ impl Net {
         if let Ok(c) = self.channel(dst) {
             c.send_withdraw(index);
         }
+    }
+
+    /// Whether this rank watches world rank `peer` for silence (heartbeat.rs): only a watcher
+    /// may take silence for a failure, since an unwatched link may carry nothing for long.
+    pub fn watches(&self, peer: u32) -> bool {
+        let failed = self.inbox.failed();
+        let live = self.links.all().into_iter().map(|(r, _)| r).filter(|r| !failed.contains_key(r));
+        heartbeat::watches(self.rank, peer, live, self.watched_peers)
     }
 
     /// How long world rank `peer` has been silent (nothing on its link, no pulse); `None`
