@@ -1,6 +1,7 @@
 //! Jobs of many ranks on this one machine over TCP (`HCCN_TRANSPORT=tcp`): every rank starts,
 //! barriers, reduces (checked) and stops, none is declared failed, and a rank's threads do not
-//! grow with the number of its peers (one progress thread reads every link).
+//! grow with the number of its peers (one progress thread reads every link); a rank killed among
+//! 128 or frozen among 64 is reported by every survivor, naming it alone.
 //!
 //! The jobs run one at a time (`SERIAL`): two large jobs at once on a 2-core machine would test
 //! the scheduler, not the runtime.
@@ -73,10 +74,50 @@ fn a_rank_holds_as_many_threads_with_63_peers_as_with_7_and_no_more_than_8() {
 
 #[test]
 fn a_job_of_128_ranks_over_tcp_starts_reduces_and_stops_with_no_false_failure() {
-    // Every rank still heartbeats every peer (127 links, 10 beats a second each, and as many
-    // pulses): on 2 loaded cores a rank's watchdog can lag past the default 800 ms and declare a
-    // live peer dead. That load is the failure-detection part of issue 30, not the transport's;
-    // until it lands this job allows 3 s of silence.
-    let report = clean_job(128, &[("HCCN_DEAD_AFTER_MS", "3000")], Duration::from_secs(45));
+    // Default HCCN_DEAD_AFTER_MS (800): each rank heartbeats only the 2k peers it watches.
+    let report = clean_job(128, &[], Duration::from_secs(45));
     assert!(report.threads <= MAX_THREADS, "rank 0 of 128 holds {} threads", report.threads);
+}
+
+/// The first field after `[r] WORD ` in `out`: a wall-clock millisecond.
+fn at(out: &Outcome, r: u32, word: &str) -> u128 {
+    let prefix = format!("[{r}] {word} ");
+    let line = out.stdout.lines().find_map(|l| l.strip_prefix(&prefix));
+    let ms = line.and_then(|l| l.split_whitespace().next()).and_then(|v| v.parse().ok());
+    ms.unwrap_or_else(|| panic!("no {prefix:?}: {}", out.describe()))
+}
+
+/// A fault program (tests/src/bin/hccn-faults.rs) on `n` ranks over TCP, whose last rank is the
+/// victim: every survivor reports RANK_FAILED naming it and no other rank, within `within_ms` of
+/// the fault; returns the outcome.
+fn survivors_blame_the_victim(n: u32, mode: &str, fault_word: &str, within_ms: u128) -> Outcome {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let faults = PathBuf::from(env!("CARGO_BIN_EXE_hccn-faults"));
+    let out = launch::hccnrun(n, &faults, &[mode], &[("HCCN_TRANSPORT", "tcp")], Duration::from_secs(60));
+    let victim = n - 1;
+    let fault_at = at(&out, victim, fault_word);
+    for r in 0..victim {
+        let line = out.stdout.lines().find(|l| l.starts_with(&format!("[{r}] ERROR_AT"))).unwrap_or_default();
+        assert!(line.contains("code=100") && line.contains(&format!("failed=[{victim}]")), "rank {r}: {line}");
+        let after = at(&out, r, "ERROR_AT").saturating_sub(fault_at);
+        assert!(after <= within_ms, "rank {r} of {n} heard of the {mode} after {after} ms: {}", out.describe());
+    }
+    out
+}
+
+#[test]
+fn kill_9_of_one_rank_among_128_is_reported_by_every_survivor_naming_only_it() {
+    // A crash shows on every link at once (EOF); survivors that leave right after their error
+    // must not be blamed by those still sending to them.
+    survivors_blame_the_victim(128, "kill-small", "KILL_AT", 2000);
+}
+
+#[test]
+fn a_frozen_rank_among_64_is_found_by_its_watchers_and_told_to_every_rank() {
+    // Only 6 of the 63 survivors watch the frozen rank (HCCN_WATCHED_PEERS=3): the others learn
+    // from their notice. Silence counts from up to a heartbeat before the freeze.
+    let out = survivors_blame_the_victim(64, "freeze", "FREEZE_AT", 2500);
+    for r in 0..63 {
+        assert!(out.stdout.contains(&format!("[{r}] SHRUNK size=63 epoch=1 result=Ok(())")), "{}", out.describe());
+    }
 }

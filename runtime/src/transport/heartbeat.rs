@@ -6,6 +6,13 @@
 //! connection closes, so that if it was only frozen it learns on waking that it was left behind.
 //! A link is alive while bytes arrive on it or its pulses do (pulse.rs): a slow link or a short
 //! cut is slow, not dead.
+//!
+//! A rank watches only its `k` (HCCN_WATCHED_PEERS) nearest live ranks on each side in the ring of
+//! world ranks: it heartbeats and pulses those and takes only their silence for a failure. The
+//! load per rank is then constant at any size; a crash still shows on every link at once (the
+//! kernel closes the dead process's sockets), and a frozen rank is found by its watchers, whose
+//! `Suspect` notice reaches every other rank within a heartbeat. A world of at most 2k+1 ranks
+//! watches every pair, as before.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,6 +44,7 @@ impl Watchdog {
         pulse: Option<Arc<Pulse>>,
         every: Duration,
         dead_after: Duration,
+        watched: usize,
     ) -> Option<Self> {
         let waker = Waker::new().map_err(|e| tracing::error!("no watchdog (eventfd: {e})")).ok().map(Arc::new)?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -44,7 +52,7 @@ impl Watchdog {
         let thread = std::thread::Builder::new()
             .name("hccn-watchdog".into())
             .spawn(move || {
-                let w = Watch { peers: &peers, inbox: &inbox2, pulse: pulse.as_deref(), waker: &waker2, me };
+                let w = Watch { peers: &peers, inbox: &inbox2, pulse: pulse.as_deref(), waker: &waker2, me, watched };
                 w.run(every, dead_after, &stop2)
             })
             .map_err(|e| tracing::error!("no watchdog thread: silent peers will only time out: {e}"))
@@ -75,6 +83,27 @@ struct Watch<'a> {
     waker: &'a Waker,
     /// This process's world rank (names its trace file).
     me: u32,
+    /// HCCN_WATCHED_PEERS.
+    watched: usize,
+}
+
+/// The ranks `me` watches: the `k` nearest on either side in the ring of the `live` world ranks
+/// (with `me`); all of them when they are at most 2k+1.
+pub(crate) fn watched(me: u32, live: impl Iterator<Item = u32>, k: usize) -> HashSet<u32> {
+    let mut ring: Vec<u32> = live.chain([me]).collect();
+    ring.sort_unstable();
+    ring.dedup();
+    let n = ring.len();
+    let at = ring.binary_search(&me).unwrap_or(0);
+    let reach = k.min(n / 2);
+    let mut out: HashSet<u32> = (1..=reach).flat_map(|d| [ring[(at + d) % n], ring[(at + n - d) % n]]).collect();
+    out.remove(&me);
+    out
+}
+
+/// Whether `me` watches `peer` among the `live` ranks (see [`watched`]).
+pub(crate) fn watches(me: u32, peer: u32, live: impl Iterator<Item = u32>, k: usize) -> bool {
+    watched(me, live.chain([peer]), k).contains(&peer)
 }
 
 impl Watch<'_> {
@@ -136,11 +165,17 @@ impl Watch<'_> {
             }
             if !every.is_zero() && std::time::Instant::now() >= next_beat {
                 next_beat = std::time::Instant::now() + every;
+                let all = peers.all();
+                let live: Vec<u32> =
+                    all.iter().map(|(r, _)| *r).filter(|r| !declared.contains(r) && !failed.contains_key(r)).collect();
+                let watching = watched(self.me, live.iter().copied(), self.watched);
                 if let Some(p) = self.pulse {
-                    p.send(&inbox.pulse_addrs());
+                    let ranks = inbox.pulse_ranks().into_iter();
+                    let to: Vec<_> = ranks.filter(|(r, _)| watching.contains(r)).map(|(_, a)| a).collect();
+                    p.send(&to);
                 }
-                for (rank, link) in peers.all() {
-                    if declared.contains(&rank) || failed.contains_key(&rank) {
+                for (rank, link) in all {
+                    if !watching.contains(&rank) {
                         continue;
                     }
                     link.heartbeat();
@@ -173,6 +208,37 @@ impl Watch<'_> {
                 [Some(self.waker.fd()), self.pulse.map(Pulse::fd)].into_iter().flatten().collect();
             wait_readable(&fds, nap);
             self.waker.clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sorted(s: HashSet<u32>) -> Vec<u32> {
+        let mut v: Vec<u32> = s.into_iter().collect();
+        v.sort_unstable();
+        v
+    }
+
+    #[test]
+    fn small_worlds_watch_every_pair_large_ones_k_neighbours_each_side() {
+        // Up to 2k+1 ranks: everyone.
+        assert_eq!(sorted(watched(2, 0..7, 3)), [0, 1, 3, 4, 5, 6]);
+        assert_eq!(sorted(watched(0, 0..2, 3)), [1]);
+        assert!(watched(0, 0..1, 3).is_empty());
+        // 128 ranks, k = 3: three on each side, around the ring.
+        assert_eq!(sorted(watched(0, 0..128, 3)), [1, 2, 3, 125, 126, 127]);
+        assert_eq!(sorted(watched(64, 0..128, 2)), [62, 63, 65, 66]);
+        // Failed ranks are not in the live ring: the next live ones take their place.
+        let live = (0..16).filter(|r| ![5, 6].contains(r));
+        assert_eq!(sorted(watched(4, live, 2)), [2, 3, 7, 8]);
+        // Symmetric: whoever I watch watches me, so both ends of each watched link heartbeat it.
+        for me in 0..20 {
+            for peer in watched(me, 0..20, 3) {
+                assert!(watches(peer, me, 0..20, 3), "{me} watches {peer} but not back");
+            }
         }
     }
 }

@@ -305,12 +305,6 @@ impl Inbox {
         self.lock().pulse_addrs.iter().map(|(r, a)| (*r, *a)).collect()
     }
 
-    /// Where the live peers listen for pulses.
-    pub fn pulse_addrs(&self) -> Vec<std::net::SocketAddr> {
-        let st = self.lock();
-        st.pulse_addrs.iter().filter(|(r, _)| !st.failed.contains_key(r)).map(|(_, a)| *a).collect()
-    }
-
     pub fn revoke(&self, comm_id: u64) {
         self.lock().revoked.insert(comm_id);
         self.trouble();
