@@ -60,8 +60,11 @@ fn both_sides_agree_only_when_both_allow() {
 /// Two ends of one segment in this process (world ranks 0 and 1), with single-copy reads
 /// agreed on the sending and the receiving side as given.
 fn pair(send_cma: bool, recv_cma: bool) -> (Shm, Shm) {
-    let path = format!("/dev/shm/hccn-unit-{}-{send_cma}-{recv_cma}", std::process::id());
-    let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).expect("open");
+    // A file of its own per pair: tests run at once, and two pairs on one file share a segment.
+    static PAIRS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let nth = PAIRS.fetch_add(1, Ordering::Relaxed);
+    let path = format!("/dev/shm/hccn-unit-{}-{nth}-{send_cma}-{recv_cma}", std::process::id());
+    let f = OpenOptions::new().read(true).write(true).create_new(true).open(&path).expect("open");
     f.set_len(SEG_BYTES as u64).expect("size");
     let (a, b) = (Segment::map(&f, SEG_BYTES).expect("map"), Segment::map(&f, SEG_BYTES).expect("map"));
     let _ = std::fs::remove_file(&path);
