@@ -312,9 +312,13 @@ fn mismatch(world: &CComm) -> ExitCode {
 fn threads(c: &CComm) -> ExitCode {
     let n = c.size();
     let comm = c.comm as usize;
-    let run = move |me: u32| {
+    // Both threads start together and call until the first error: a board allreduce takes well
+    // under a microsecond, so a fixed run of calls could end before the other thread starts.
+    let start = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let run = move |me: u32, start: std::sync::Arc<std::sync::Barrier>| {
         let (mut ok, mut busy, mut wrong, mut other) = (0u32, 0u32, 0u32, 0u32);
-        for i in 0..400u32 {
+        start.wait();
+        for i in 0..200_000u32 {
             let val = (me * 1000 + i) as f32;
             let send = vec![val; 64];
             let mut recv = vec![0f32; 64];
@@ -336,13 +340,18 @@ fn threads(c: &CComm) -> ExitCode {
                 Err((108, _)) => busy += 1,
                 Err(_) => other += 1,
             }
+            // Once BUSY broke the communicator every call on every rank fails: stop at the first.
+            if busy + other > 0 {
+                break;
+            }
         }
         (ok, busy, wrong, other)
     };
     // Every rank's thread `t` uses values of its own series: a call paired with another thread's
     // call on another rank would sum values of two series and show as wrong.
-    let a = std::thread::spawn(move || run(1));
-    let b = std::thread::spawn(move || run(2));
+    let start_b = start.clone();
+    let a = std::thread::spawn(move || run(1, start));
+    let b = std::thread::spawn(move || run(2, start_b));
     let (a, b) = (a.join(), b.join());
     let (Ok(a), Ok(b)) = (a, b) else {
         println!("THREADS panicked");
