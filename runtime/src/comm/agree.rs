@@ -517,12 +517,7 @@ pub(crate) fn agree(c: &CommInner) -> Result<Vec<u32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn know(dead: &[u32], cuts: &[(u32, u32)]) -> Knowledge {
-        let mut k = Knowledge { dead: dead.iter().copied().collect(), ..Knowledge::default() };
-        cuts.iter().for_each(|&(a, b)| k.cut(a, b));
-        k
-    }
+    use crate::comm::view::know;
 
     #[test]
     fn messages_round_trip_and_garbage_is_refused() {

@@ -171,15 +171,17 @@ pub(crate) fn could_go_on(n: u32, k: &Knowledge, me: u32, store_decides: bool) -
     best.contains(&me) && may_go_on(n, k, &best, store_decides)
 }
 
+/// Knowledge of these dead ranks and cut links, for tests.
+#[cfg(test)]
+pub(crate) fn know(dead: &[u32], cuts: &[(u32, u32)]) -> Knowledge {
+    let mut k = Knowledge { dead: dead.iter().copied().collect(), ..Knowledge::default() };
+    cuts.iter().for_each(|&(a, b)| k.cut(a, b));
+    k
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn know(dead: &[u32], cuts: &[(u32, u32)]) -> Knowledge {
-        let mut k = Knowledge { dead: dead.iter().copied().collect(), ..Knowledge::default() };
-        cuts.iter().for_each(|&(a, b)| k.cut(a, b));
-        k
-    }
 
     #[test]
     fn the_kept_set_is_the_largest_that_all_reach_each_other_lowest_first() {
