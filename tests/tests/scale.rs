@@ -1,7 +1,8 @@
-//! Jobs of many ranks on this one machine over TCP (`HCCN_TRANSPORT=tcp`): every rank starts,
-//! barriers, reduces (checked) and stops, none is declared failed, and a rank's threads do not
-//! grow with the number of its peers (one progress thread reads every link); a rank killed among
-//! 128 or frozen among 64 is reported by every survivor, naming it alone.
+//! Jobs of many ranks on this one machine over TCP (`HCCN_TRANSPORT=tcp`) and over shared memory:
+//! every rank starts, barriers, reduces (checked) and stops, none is declared failed, and a rank's
+//! threads and memory do not grow with the number of its peers (one progress thread reads every
+//! link; shared-memory rings take memory only where used); a rank killed among 128 or frozen among
+//! 64 is reported by every survivor, naming it alone.
 //!
 //! The jobs run one at a time (`SERIAL`): two large jobs at once on a 2-core machine would test
 //! the scheduler, not the runtime.
@@ -18,11 +19,13 @@ fn probe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_hccn-scale"))
 }
 
-/// What one rank reported: its threads and descriptors while the communicator was alive.
+/// What one rank reported: its threads and descriptors while the communicator was alive, and
+/// its peak resident memory.
 #[derive(Debug, Clone, Copy)]
 struct Report {
     threads: usize,
     fds: usize,
+    rss_mb: usize,
 }
 
 /// The value of `word=` in `line`.
@@ -34,21 +37,28 @@ fn value(line: &str, word: &str) -> Option<usize> {
 /// Runs the probe on `n` ranks over TCP with a hard timeout; asserts a clean job (exit 0, every
 /// rank reported, no rank declared failed) and returns rank 0's report.
 fn clean_job(n: u32, env: &[(&str, &str)], timeout: Duration) -> Report {
+    clean_job_over("tcp", n, env, timeout)
+}
+
+fn clean_job_over(transport: &str, n: u32, env: &[(&str, &str)], timeout: Duration) -> Report {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let mut all_env = vec![("HCCN_TRANSPORT", "tcp")];
+    let mut all_env = vec![("HCCN_TRANSPORT", transport)];
     all_env.extend_from_slice(env);
     let out = launch::hccnrun(n, &probe(), &[], &all_env, timeout);
     check_clean(n, &out);
     let prefix = format!("[0] rank 0 of {n}: SCALE ");
     let line = out.stdout.lines().find(|l| l.starts_with(&prefix)).unwrap_or_default();
-    let report = value(line, "threads").zip(value(line, "fds")).map(|(threads, fds)| Report { threads, fds });
-    let report = report.unwrap_or_else(|| panic!("rank 0 gave no counts: {}", out.describe()));
-    eprintln!("{n} ranks over TCP: job {:?}, rank 0 {report:?}", out.elapsed);
+    let report = (value(line, "threads"), value(line, "fds"), value(line, "rss_mb"));
+    let report = match report {
+        (Some(threads), Some(fds), Some(rss_mb)) => Report { threads, fds, rss_mb },
+        _ => panic!("rank 0 gave no counts: {}", out.describe()),
+    };
+    eprintln!("{n} ranks over {transport}: job {:?}, rank 0 {report:?}", out.elapsed);
     report
 }
 
 fn check_clean(n: u32, out: &Outcome) {
-    assert_eq!(out.code, Some(0), "a job of {n} ranks over TCP failed: {}", out.describe());
+    assert_eq!(out.code, Some(0), "a job of {n} ranks failed: {}", out.describe());
     for r in 0..n {
         let want = format!("[{r}] rank {r} of {n}: SCALE ");
         assert!(out.stdout.contains(&want), "rank {r} of {n} did not report: {}", out.describe());
@@ -77,6 +87,19 @@ fn a_job_of_128_ranks_over_tcp_starts_reduces_and_stops_with_no_false_failure() 
     // Default HCCN_DEAD_AFTER_MS (800): each rank heartbeats only the 2k peers it watches.
     let report = clean_job(128, &[], Duration::from_secs(45));
     assert!(report.threads <= MAX_THREADS, "rank 0 of 128 holds {} threads", report.threads);
+}
+
+#[test]
+fn a_job_of_32_local_ranks_over_shared_memory_is_clean_and_a_rank_uses_no_more_memory_than_among_4() {
+    // Every pair has its segment (2 MiB), but pages are taken only where rings are used: the
+    // barrier and the small allreduce touch a few slots of a few rings.
+    let small = clean_job_over("shm", 4, &[], Duration::from_secs(20));
+    let large = clean_job_over("shm", 32, &[], Duration::from_secs(40));
+    assert!(large.threads <= MAX_THREADS, "rank 0 of 32 holds {} threads", large.threads);
+    assert!(
+        large.rss_mb <= small.rss_mb + 8,
+        "peak memory grew with local peers: 4 ranks {small:?}, 32 ranks {large:?}"
+    );
 }
 
 /// The first field after `[r] WORD ` in `out`: a wall-clock millisecond.

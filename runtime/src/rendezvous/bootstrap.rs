@@ -194,16 +194,15 @@ pub(crate) fn connect_mesh(
         Ok(connected)
     })?;
 
-    // Host ids and shared memory, pair by pair in ascending peer order: every rank goes through
-    // its pairs in the same global order, so the blocking handshakes cannot wait in a cycle.
+    // Host ids and shared memory, with every peer at once (see shm::handshake).
     let mut sockets = sockets;
     sockets.sort_by_key(|(peer, _)| *peer);
     let mine = shm::host_id();
     let mut hosts = vec![None; size as usize];
     hosts[rank as usize] = Some(mine);
     let mut local: Vec<Option<shm::ShmPeer>> = (0..size).map(|_| None).collect();
-    for (peer, sock) in &mut sockets {
-        let (host, link) = shm::handshake(sock, rank, *peer, mesh, &mine, cfg)?;
+    let learnt = shm::handshake(&mut sockets, rank, mesh, &mine, cfg)?;
+    for ((peer, _), (host, link)) in sockets.iter().zip(learnt) {
         let (transport, cma) = match &link {
             Some(l) => ("shm", l.cma()),
             None => ("tcp", false),

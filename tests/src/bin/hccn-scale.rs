@@ -1,8 +1,8 @@
 //! One rank of a scale probe under hccnrun, for tests/tests/scale.rs: init from the environment,
-//! barrier, one checked allreduce, then this process's threads and descriptors
-//! (/proc/self/task, /proc/self/fd) while the communicator is alive, then destroy.
+//! barrier, one checked allreduce, then this process's threads, descriptors and peak RSS
+//! (/proc/self/task, /proc/self/fd, VmHWM) while the communicator is alive, then destroy.
 //!
-//! Prints `rank r of n: SCALE threads=T fds=F` on success; `FAIL ...` and exit 1 otherwise.
+//! Prints `rank r of n: SCALE threads=T fds=F rss_mb=M` on success; `FAIL ...` and exit 1 otherwise.
 
 use std::process::ExitCode;
 
@@ -14,6 +14,16 @@ const SUM: u32 = 0;
 
 fn count(dir: &str) -> usize {
     std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
+}
+
+/// Peak resident set of this process in MB (VmHWM), 0 when /proc does not say.
+fn peak_rss_mb() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+    kb.unwrap_or(0) / 1024
 }
 
 fn rank_and_size(comm: *mut hccn_comm) -> Result<(u32, u32), String> {
@@ -64,7 +74,7 @@ fn main() -> ExitCode {
     match outcome {
         Ok((rank, n)) => {
             let (threads, fds) = (count("/proc/self/task"), count("/proc/self/fd"));
-            println!("rank {rank} of {n}: SCALE threads={threads} fds={fds}");
+            println!("rank {rank} of {n}: SCALE threads={threads} fds={fds} rss_mb={}", peak_rss_mb());
             drop(comm);
             ExitCode::SUCCESS
         }

@@ -50,7 +50,7 @@ impl Segment {
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
+                libc::MAP_SHARED,
                 file.as_raw_fd(),
                 0,
             )

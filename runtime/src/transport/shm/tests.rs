@@ -36,25 +36,81 @@ fn the_probe_reads_this_process_and_fails_cleanly_otherwise() {
     assert_eq!(cma_offer(&bogus).0, None, "a pid above i32::MAX");
 }
 
-/// Both sides of `agree_cma` over a loopback connection, with what each allows.
-fn agree(a: bool, b: bool) -> (Option<i32>, Option<i32>) {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let t = std::thread::spawn(move || {
-        let mut s = TcpStream::connect(addr).expect("connect");
-        agree_cma(&mut s, 0, b).expect("agree")
-    });
-    let (mut s, _) = listener.accept().expect("accept");
-    let mine = agree_cma(&mut s, 1, a).expect("agree");
-    (mine, t.join().expect("join"))
+/// `n` ranks in threads of this process, each connected to every other over loopback, run the
+/// whole handshake; `allow(rank)` is each rank's (transport, single-copy) setting. Returns per
+/// rank, per peer in ascending order: the peer, and its link's CMA pid if there is a link.
+fn handshake_among(
+    n: u32,
+    mesh: u64,
+    allow: impl Fn(u32) -> (Transport, bool),
+) -> Vec<Vec<(u32, Option<Option<i32>>)>> {
+    let listeners: Vec<_> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind")).collect();
+    let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().expect("addr")).collect();
+    let mut socks: Vec<Vec<(u32, TcpStream)>> = (0..n).map(|_| Vec::new()).collect();
+    for a in 0..n {
+        for b in a + 1..n {
+            // Rank b connects to rank a, as the mesh does (higher ranks dial lower ones).
+            let dialed = TcpStream::connect(addrs[a as usize]).expect("connect");
+            let (accepted, _) = listeners[a as usize].accept().expect("accept");
+            socks[a as usize].push((b, accepted));
+            socks[b as usize].push((a, dialed));
+        }
+    }
+    let host = host_id();
+    std::thread::scope(|s| {
+        let runs: Vec<_> = socks
+            .into_iter()
+            .enumerate()
+            .map(|(me, mut mine)| {
+                let (transport, cma) = allow(me as u32);
+                let cfg = Config { transport, cma, timeout: Duration::from_secs(10), ..Config::default() };
+                s.spawn(move || {
+                    mine.sort_by_key(|(p, _)| *p);
+                    let learnt = handshake(&mut mine, me as u32, mesh, &host, &cfg).expect("handshake");
+                    mine.iter().zip(learnt).map(|((p, _), (_, link))| (*p, link.map(|l| l.cma_pid))).collect()
+                })
+            })
+            .collect();
+        runs.into_iter().map(|r| r.join().expect("join")).collect()
+    })
 }
 
 #[test]
-fn both_sides_agree_only_when_both_allow() {
+fn every_pair_gets_a_segment_at_once_and_no_name_stays_behind() {
+    let mesh = 0x5eed_0000_0000_0000 | u64::from(std::process::id());
     let me = Some(std::process::id() as i32);
-    assert_eq!(agree(true, true), (me, me));
-    assert_eq!(agree(true, false), (None, None));
-    assert_eq!(agree(false, true), (None, None));
+    let got = handshake_among(5, mesh, |_| (Transport::Auto, true));
+    for (rank, peers) in got.iter().enumerate() {
+        assert_eq!(peers.len(), 4);
+        for (peer, link) in peers {
+            assert_eq!(*link, Some(me), "rank {rank}, peer {peer}: a segment with single-copy reads");
+        }
+    }
+    let prefix = format!("hccn-{mesh:016x}-");
+    let left: Vec<_> = std::fs::read_dir("/dev/shm")
+        .expect("/dev/shm")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .collect();
+    assert!(left.is_empty(), "segment names left in /dev/shm: {left:?}");
+}
+
+#[test]
+fn both_sides_agree_on_single_copy_only_when_both_allow_and_tcp_only_ranks_get_no_segment() {
+    let mesh = 0x5eed_1000_0000_0000 | u64::from(std::process::id());
+    let me = Some(std::process::id() as i32);
+    // Rank 1 forbids single-copy reads; rank 2 wants TCP only.
+    let got = handshake_among(4, mesh, |r| match r {
+        1 => (Transport::Auto, false),
+        2 => (Transport::Tcp, true),
+        _ => (Transport::Auto, true),
+    });
+    let link = |a: usize, b: u32| got[a].iter().find(|(p, _)| *p == b).map(|(_, l)| *l).expect("peer");
+    assert_eq!((link(0, 3), link(3, 0)), (Some(me), Some(me)));
+    assert_eq!((link(0, 1), link(1, 0)), (Some(None), Some(None)), "a segment without single-copy reads");
+    for other in [0, 1, 3] {
+        assert_eq!((link(2, other), link(other as usize, 2)), (None, None), "rank 2 wants TCP only");
+    }
 }
 
 /// Two ends of one segment in this process (world ranks 0 and 1), with single-copy reads
