@@ -1,5 +1,6 @@
 //! hccn-info under hccnrun with 3 ranks on this host: one host row holding every rank, a
-//! measured shared-memory row per pair, and the algorithm these ranks would run for every operation.
+//! measured shared-memory row per pair, the algorithm these ranks would run for every operation,
+//! and every rank's resources; and the resources alone of a larger job over TCP.
 
 use std::time::Duration;
 
@@ -39,5 +40,46 @@ fn three_ranks_on_one_host() {
         if *op != "barrier" {
             assert_ne!(cols[6], "board", "{op} at 256 MiB: {cols:?}");
         }
+    }
+    for row in resource_rows(&out.stdout, 3) {
+        assert_eq!(row[1], 2.0, "a connection per peer: {row:?}");
+        assert!(row[3] > 0.0, "rings and the board are mapped: {row:?}");
+    }
+}
+
+/// The resource rows rank 0 printed: per rank, its figures in the header's order.
+fn resource_rows(stdout: &str, n: usize) -> Vec<Vec<f64>> {
+    let lines: Vec<&str> = stdout.lines().filter_map(|l| l.strip_prefix("[0] ")).collect();
+    let head = lines.iter().position(|l| l.starts_with("rank ") && l.contains("heartbeats/s"));
+    let head = head.unwrap_or_else(|| panic!("no resource table: {stdout}"));
+    let rows: Vec<Vec<f64>> = lines[head + 1..]
+        .iter()
+        .take(n)
+        .map(|l| l.split_whitespace().map(|c| c.parse().expect("a number")).collect())
+        .collect();
+    assert_eq!(rows.len(), n, "a row per rank: {stdout}");
+    for (r, row) in rows.iter().enumerate() {
+        assert_eq!(row.len(), 6, "rank {r}: {row:?}");
+        assert_eq!(row[0], r as f64, "rows in rank order: {stdout}");
+    }
+    rows
+}
+
+#[test]
+fn resources_of_every_rank_with_heartbeats_to_its_watched_peers_only() {
+    // 12 ranks over TCP: each watches 3 on each side (HCCN_WATCHED_PEERS), so heartbeats per
+    // second do not depend on the job's size; every rank still holds a connection per peer.
+    let env = [("HCCN_TRANSPORT", "tcp")];
+    let out = launch::hccnrun(12, &launch::bin("hccn-info"), &["--resources"], &env, Duration::from_secs(60));
+    assert_eq!(out.code, Some(0), "hccn-info --resources failed: {}", out.describe());
+    assert!(!out.stdout.contains(" <-> "), "--resources measures no link: {}", out.stdout);
+    for row in resource_rows(&out.stdout, 12) {
+        let (connections, threads, shm, beats) = (row[1], row[2], row[3], row[5]);
+        assert_eq!(connections, 11.0, "{row:?}");
+        assert!((1.0..=8.0).contains(&threads), "{row:?}");
+        assert_eq!(shm, 0.0, "no shared memory over TCP: {row:?}");
+        // 6 watched peers, a heartbeat and a pulse each per HCCN_HEARTBEAT_MS (100 ms): 120 a
+        // second; a loaded machine delays some beats, none is sent to an unwatched peer.
+        assert!(beats > 0.0 && beats <= 6.0 * 2.0 * 10.0 * 1.5, "{row:?}");
     }
 }

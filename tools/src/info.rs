@@ -11,10 +11,12 @@ use hccn_runtime::{Communicator, DataType, Op, Ptr, ReduceOp};
 
 type Res<T> = hccn_runtime::Result<T>;
 
-const USAGE: &str = "usage: hccnrun -n N hccn-info
+const USAGE: &str = "usage: hccnrun -n N hccn-info [--resources]
   Rank 0 prints the hosts and their ranks, each link's transport, latency (half the median
-  round trip of 20 8-byte ping-pongs) and bandwidth (4 MiB ping-pong), and the algorithm chosen
-  per operation and size.
+  round trip of 20 8-byte ping-pongs) and bandwidth (4 MiB ping-pong), the algorithm chosen
+  per operation and size, and every rank's resources: connections open, threads, shared memory
+  mapped, peak resident memory, heartbeat messages per second.
+  --resources: only the resources (no link is measured: quick at any size).
 ";
 
 /// Bytes of a host name in the allgather (longer names are cut).
@@ -176,18 +178,24 @@ pub fn report(hosts: &[String], links: &[f64], plan: Planner<'_>) -> Vec<String>
     out
 }
 
-fn run() -> Result<(), String> {
+fn run(resources_only: bool) -> Result<(), String> {
     let joined = crate::join_job()?;
     // Hosts and links are the control plane's, on any backend.
     let comm = joined.control();
     let me = comm.rank();
     let failed = |what: &'static str| move |e: hccn_runtime::Error| format!("rank {me}: {what} failed: {e}");
-    let hosts = all_hostnames(comm).map_err(failed("host name exchange"))?;
-    let links = measure_links(comm).map_err(failed("link measurement"))?;
+    let mut lines = Vec::new();
+    if !resources_only {
+        let hosts = all_hostnames(comm).map_err(failed("host name exchange"))?;
+        let links = measure_links(comm).map_err(failed("link measurement"))?;
+        let plan = |op: &str, bytes: usize| comm.plan(op, bytes).ok().flatten().map(|(algo, _)| algo);
+        lines = report(&hosts, &links, &plan);
+    }
+    let usage = crate::resources::measure(comm).map_err(failed("resource count"))?;
+    lines.extend(crate::resources::report(&usage));
     if me == 0 {
         let mut out = io::stdout().lock();
-        let plan = |op: &str, bytes: usize| comm.plan(op, bytes).ok().flatten().map(|(algo, _)| algo);
-        for line in report(&hosts, &links, &plan) {
+        for line in lines {
             writeln!(out, "{line}").map_err(|e| e.to_string())?;
         }
     }
@@ -200,11 +208,15 @@ pub fn main() -> i32 {
         let _ = io::stdout().write_all(USAGE.as_bytes());
         return 0;
     }
-    if let Some(extra) = std::env::args().nth(1) {
-        let _ = writeln!(io::stderr(), "hccn-info: unexpected argument {extra:?}\n{USAGE}");
-        return 2;
+    let mut resources_only = false;
+    for arg in std::env::args().skip(1) {
+        if arg != "--resources" {
+            let _ = writeln!(io::stderr(), "hccn-info: unexpected argument {arg:?}\n{USAGE}");
+            return 2;
+        }
+        resources_only = true;
     }
-    match run() {
+    match run(resources_only) {
         Ok(()) => 0,
         Err(msg) => {
             let _ = writeln!(io::stderr(), "hccn-info: {msg}");

@@ -9,6 +9,7 @@ pub mod hostfile;
 pub mod info;
 pub mod launch;
 pub mod perf;
+pub mod resources;
 pub mod trace;
 pub mod world;
 

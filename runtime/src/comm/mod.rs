@@ -261,6 +261,11 @@ impl Communicator {
         }
     }
 
+    /// What this rank's process holds and sends (see [`crate::Usage`]).
+    pub fn usage(&self) -> crate::Usage {
+        self.inner.net.usage()
+    }
+
     /// Members whose process died, left, or became unreachable (from this rank or from another
     /// member), in this communicator's ranks.
     pub fn failed_ranks(&self) -> Vec<u32> {

@@ -173,12 +173,14 @@ impl Watch<'_> {
                     let ranks = inbox.pulse_ranks().into_iter();
                     let to: Vec<_> = ranks.filter(|(r, _)| watching.contains(r)).map(|(_, a)| a).collect();
                     p.send(&to);
+                    super::usage::heartbeats_sent(to.len());
                 }
                 for (rank, link) in all {
                     if !watching.contains(&rank) {
                         continue;
                     }
                     link.heartbeat();
+                    super::usage::heartbeats_sent(1);
                     // The link or its pulses: whichever was heard last.
                     let pulse = self.pulse.and_then(|p| p.silent_for(rank));
                     let silent = pulse.map_or(link.silent_for(), |p| p.min(link.silent_for()));

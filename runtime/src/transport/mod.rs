@@ -25,6 +25,7 @@ pub(crate) mod shm;
 pub(crate) mod sink;
 mod sweep;
 pub(crate) mod tcp;
+pub(crate) mod usage;
 pub(crate) mod wait;
 mod waker;
 
@@ -34,3 +35,4 @@ pub(crate) use net::{incarnation, LinkTable, Net};
 pub(crate) use news::Fault;
 pub(crate) use sink::{Out, Sink};
 pub(crate) use sweep::once as sweep_once;
+pub use usage::Usage;

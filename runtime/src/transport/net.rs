@@ -174,6 +174,14 @@ impl Net {
     }
 
     /// The transport that carries data frames to world rank `peer`.
+    /// This process's resources as `hccn-info` reports them: connections open in this world
+    /// (to peers not known failed), shared memory mapped and heartbeats sent by the process.
+    pub fn usage(&self) -> super::Usage {
+        let failed = self.inbox.failed();
+        let open = self.links.all().iter().filter(|(r, _)| !failed.contains_key(r)).count();
+        super::usage::now(open)
+    }
+
     pub fn transport(&self, peer: u32) -> &'static str {
         self.channel(peer).map_or("none", |c| c.name())
     }

@@ -39,6 +39,7 @@ impl Drop for Segment {
     fn drop(&mut self) {
         // SAFETY: `ptr`/`len` are exactly what mmap returned; nothing refers to it any more.
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
+        crate::transport::usage::unmapped(self.len);
     }
 }
 
@@ -58,6 +59,7 @@ impl Segment {
         if ptr == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
+        crate::transport::usage::mapped(len);
         Ok(Segment { ptr: ptr.cast(), len })
     }
 }
