@@ -198,14 +198,17 @@ pub(crate) fn settle<'a>(ctx: &Ctx<'a>) -> Result<Ctx<'a>> {
     }
 }
 
+/// Whether [`settle`] may change `ctx`: only until the board is made (or found impossible).
+#[inline]
+pub(crate) fn unsettled(ctx: &Ctx<'_>) -> bool {
+    ctx.turn().is_some() && ctx.board_cell().made().is_none()
+}
+
 /// What a rank posts: bytes of its own, or a range of the buffer its reads fill (in place).
 enum Post<'p> {
     Bytes(&'p [u8]),
     Out(Range<usize>),
 }
-
-/// What a rank does with one post (rank, its bytes, the rank's output).
-type Read<'r> = dyn FnMut(u32, &[u8], &mut [u8]) + 'r;
 
 /// Runs one board call: posts `post`, then hands every rank's post (`len_of(rank)` bytes) to
 /// `each` with `out`, in rank order.
@@ -213,8 +216,8 @@ fn on_board(
     ctx: &Ctx<'_>,
     post: Post<'_>,
     out: &mut [u8],
-    len_of: &dyn Fn(u32) -> usize,
-    each: &mut Read<'_>,
+    len_of: impl Fn(u32) -> usize,
+    mut each: impl FnMut(u32, &[u8], &mut [u8]),
 ) -> Result<()> {
     let (Some(turn), Some(board)) = (ctx.turn(), ctx.board_cell().made()) else {
         return Err(Error::internal("a board call without a board"));
@@ -237,14 +240,14 @@ fn on_board(
     };
     let left = |waited: &dyn Fn(u32) -> bool| ctx.departed_among(waited);
     let fp = ctx.fingerprint();
-    let differs = |rank: u32, theirs: &Fingerprint| fingerprint::mismatch(&fp, ctx.rank(), theirs, rank);
+    let differs = |rank: u32, theirs: &Fingerprint| fingerprint::mismatch(fp, ctx.rank(), theirs, rank);
     let mut watch = Watch { quick: &mut quick, stalled: &mut stalled, left: &left, differs: &differs };
     let bytes = match post {
         Post::Bytes(b) => b,
         Post::Out(range) => &out[range],
     };
-    board.post(turn, bytes, &fp, &mut watch)?;
-    board.read(turn, &fp, &mut watch, len_of, &mut |rank, post| each(rank, post, out))
+    board.post(turn, bytes, fp, &mut watch)?;
+    board.read(turn, fp, &mut watch, len_of, |rank, post| each(rank, post, out))
 }
 
 /// Folds `range` of every post in rank order into the output (the same bits on every rank).
@@ -271,14 +274,14 @@ impl Algorithm for BoardCollectives {
     fn reduce(&self, ctx: &Ctx<'_>, w: &mut ReduceArgs<'_>) -> Result<()> {
         let len = w.acc.len();
         if w.root.is_some_and(|root| root != ctx.rank()) {
-            return on_board(ctx, Post::Out(0..len), w.acc, &|_| 0, &mut nothing);
+            return on_board(ctx, Post::Out(0..len), w.acc, |_| 0, &mut nothing);
         }
-        on_board(ctx, Post::Out(0..len), w.acc, &|_| len, &mut fold(0..len, w.dt, w.op))
+        on_board(ctx, Post::Out(0..len), w.acc, |_| len, &mut fold(0..len, w.dt, w.op))
     }
 
     fn allreduce_from(&self, ctx: &Ctx<'_>, input: &[u8], w: &mut ReduceArgs<'_>) -> Result<()> {
         let len = input.len();
-        on_board(ctx, Post::Bytes(input), w.acc, &|_| len, &mut fold(0..len, w.dt, w.op))
+        on_board(ctx, Post::Bytes(input), w.acc, |_| len, &mut fold(0..len, w.dt, w.op))
     }
 
     fn reduce_from(
@@ -292,8 +295,8 @@ impl Algorithm for BoardCollectives {
     ) -> Result<()> {
         let len = input.len();
         match out.filter(|_| root == ctx.rank()) {
-            Some(out) => on_board(ctx, Post::Bytes(input), out, &|_| len, &mut fold(0..len, dt, op)),
-            None => on_board(ctx, Post::Bytes(input), &mut [], &|_| 0, &mut nothing),
+            Some(out) => on_board(ctx, Post::Bytes(input), out, |_| len, &mut fold(0..len, dt, op)),
+            None => on_board(ctx, Post::Bytes(input), &mut [], |_| 0, &mut nothing),
         }
     }
 
@@ -301,14 +304,14 @@ impl Algorithm for BoardCollectives {
         let len = buf.len();
         let len_of = |r: u32| if r == root { len } else { 0 };
         if root == ctx.rank() {
-            return on_board(ctx, Post::Out(0..len), buf, &len_of, &mut nothing);
+            return on_board(ctx, Post::Out(0..len), buf, len_of, &mut nothing);
         }
         let mut take = |r: u32, post: &[u8], out: &mut [u8]| {
             if r == root {
                 out.copy_from_slice(post);
             }
         };
-        on_board(ctx, Post::Bytes(&[]), buf, &len_of, &mut take)
+        on_board(ctx, Post::Bytes(&[]), buf, len_of, &mut take)
     }
 
     fn gather(&self, ctx: &Ctx<'_>, w: &mut GatherArgs<'_>) -> Result<()> {
@@ -317,7 +320,7 @@ impl Algorithm for BoardCollectives {
         let len_of = |r: u32| blocks[r as usize].len();
         if w.root.is_some_and(|root| root != me) {
             // A gather's non-root: posts its block, keeps nothing.
-            return on_board(ctx, Post::Bytes(w.own), &mut [], &len_of, &mut nothing);
+            return on_board(ctx, Post::Bytes(w.own), &mut [], len_of, &mut nothing);
         }
         // The own block is in place already: it is the post.
         let mut put = |r: u32, post: &[u8], out: &mut [u8]| {
@@ -325,13 +328,13 @@ impl Algorithm for BoardCollectives {
                 out[blocks[r as usize].clone()].copy_from_slice(post);
             }
         };
-        on_board(ctx, Post::Out(blocks[me as usize].clone()), w.recv, &len_of, &mut put)
+        on_board(ctx, Post::Out(blocks[me as usize].clone()), w.recv, len_of, &mut put)
     }
 
     fn reduce_scatter(&self, ctx: &Ctx<'_>, w: &mut ReduceScatterArgs<'_>) -> Result<()> {
         let (total, block) = (w.input.len(), w.block_bytes);
         let mine = ctx.rank() as usize * block;
-        on_board(ctx, Post::Bytes(w.input), w.out, &|_| total, &mut fold(mine..mine + block, w.dt, w.op))
+        on_board(ctx, Post::Bytes(w.input), w.out, |_| total, &mut fold(mine..mine + block, w.dt, w.op))
     }
 
     fn scatter(&self, ctx: &Ctx<'_>, w: &mut ScatterArgs<'_>) -> Result<()> {
@@ -344,7 +347,7 @@ impl Algorithm for BoardCollectives {
                 out.copy_from_slice(&post[mine.clone()]);
             }
         };
-        on_board(ctx, Post::Bytes(w.send), w.recv, &len_of, &mut take)
+        on_board(ctx, Post::Bytes(w.send), w.recv, len_of, &mut take)
     }
 
     /// Only alltoall with one count for all goes to the board: rank r's block for this rank
@@ -356,10 +359,10 @@ impl Algorithm for BoardCollectives {
         let mut put = |r: u32, post: &[u8], out: &mut [u8]| {
             out[recv_blocks[r as usize].clone()].copy_from_slice(&post[mine.clone()]);
         };
-        on_board(ctx, Post::Bytes(w.send), w.recv, &|_| total, &mut put)
+        on_board(ctx, Post::Bytes(w.send), w.recv, |_| total, &mut put)
     }
 
     fn barrier(&self, ctx: &Ctx<'_>) -> Result<()> {
-        on_board(ctx, Post::Bytes(&[]), &mut [], &|_| 0, &mut nothing)
+        on_board(ctx, Post::Bytes(&[]), &mut [], |_| 0, &mut nothing)
     }
 }

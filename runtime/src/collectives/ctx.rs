@@ -16,6 +16,9 @@ use crate::transport::Key;
 use crate::types::{DataType, ReduceOp};
 use crate::wire::{Fingerprint, FrameHeader, FrameKind};
 
+/// The fingerprint of frames outside any call.
+static NO_CALL: Fingerprint = Fingerprint { op: 0, dtype: 0, redop: 0, root: 0, count: 0 };
+
 #[derive(Clone, Copy)]
 pub(crate) struct Ctx<'a> {
     comm: &'a Team,
@@ -26,16 +29,16 @@ pub(crate) struct Ctx<'a> {
     /// The operation's turn on the communicator's board, if it goes there (see board.rs).
     turn: Option<u64>,
     /// What every rank's call must agree on (see fingerprint.rs).
-    fp: Fingerprint,
+    fp: &'a Fingerprint,
 }
 
 impl<'a> Ctx<'a> {
     pub fn new(comm: &'a Team, kind: FrameKind, seq: u64) -> Self {
-        Ctx { comm, kind, seq, chunk: comm.chunk_bytes, turn: None, fp: Fingerprint::default() }
+        Ctx { comm, kind, seq, chunk: comm.chunk_bytes, turn: None, fp: &NO_CALL }
     }
 
     /// The same context for a call with fingerprint `fp`.
-    pub fn with_fingerprint(self, fp: Fingerprint) -> Ctx<'a> {
+    pub fn with_fingerprint(self, fp: &'a Fingerprint) -> Ctx<'a> {
         Ctx { fp, ..self }
     }
 
@@ -105,9 +108,9 @@ impl<'a> Ctx<'a> {
     /// communicator is broken too when one of them went to the board and the other to messages
     /// (the two sides number their board turns differently from then on).
     fn mismatch_with(&self, from: u32, theirs: &Fingerprint) -> Error {
-        let e = super::fingerprint::mismatch(&self.fp, self.rank(), theirs, from);
+        let e = super::fingerprint::mismatch(self.fp, self.rank(), theirs, from);
         let board = &self.comm.board;
-        match board.goes(&self.fp) == board.goes(theirs) {
+        match board.goes(self.fp) == board.goes(theirs) {
             true => e,
             false => e.context(format!(
                 "{}: one rank went to the shared-memory board, another to messages",
@@ -125,7 +128,7 @@ impl<'a> Ctx<'a> {
         }
         let (src, fp) = h.queues.iter().find_map(|(k, q)| {
             let f = q.front().filter(|_| k.kind == self.kind && k.comm_id == self.comm.id && k.seq == self.seq)?;
-            (f.hdr.fp != self.fp).then_some((k.src, f.hdr.fp))
+            (f.hdr.fp != *self.fp).then_some((k.src, f.hdr.fp))
         })?;
         let from = self.comm.members.iter().position(|&w| w == src)? as u32;
         Some(self.mismatch_with(from, &fp))
@@ -266,12 +269,12 @@ impl<'a> Ctx<'a> {
             seq: self.seq,
             tag,
             len: len as u64,
-            fp: self.fp,
+            fp: *self.fp,
         }
     }
 
     /// The fingerprint of the call this context runs.
-    pub fn fingerprint(&self) -> Fingerprint {
+    pub fn fingerprint(&self) -> &'a Fingerprint {
         self.fp
     }
 
@@ -317,7 +320,7 @@ impl<'a> Ctx<'a> {
         let src = self.world(from)?;
         let key = Key { src, kind: self.kind, comm_id: self.comm.id, seq: self.seq };
         let mut check = |h: &FrameHeader| -> Result<()> {
-            if h.fp != self.fp {
+            if h.fp != *self.fp {
                 return Err(self.mismatch_with(from, &h.fp));
             }
             if h.len != len as u64 {
@@ -327,7 +330,7 @@ impl<'a> Ctx<'a> {
                     format!(
                         "ranks called {} with counts that do not match: rank {from} sent {} bytes where rank {} \
                          expected {len}",
-                        super::fingerprint::describe(&self.fp),
+                        super::fingerprint::describe(self.fp),
                         h.len,
                         self.rank()
                     ),

@@ -58,6 +58,7 @@ fn digest(counts: &[u64]) -> u64 {
 
 /// The fingerprint of `op` as the caller passed it. Send and receive share one kind, so that a
 /// receive checks the element count and type of the send it matches.
+#[inline]
 pub(crate) fn of(op: &Op) -> Fingerprint {
     match op {
         Op::AllReduce { count, dt, op, .. } => fp(ALLREDUCE, Some(*dt), Some(*op), NO_ROOT, *count),
@@ -85,6 +86,7 @@ pub(crate) fn of(op: &Op) -> Fingerprint {
 /// allgather or gather, the whole input of a reduce-scatter, scatter or alltoall. `None` for calls
 /// that never go to the board: those whose counts differ by rank (allgatherv, alltoallv), the
 /// compressed allreduce (its point is the wire type) and send/receive.
+#[inline]
 pub(crate) fn board_post(f: &Fingerprint, n: u32) -> Option<usize> {
     let per_rank = match f.op {
         BARRIER => return Some(0),
@@ -92,8 +94,9 @@ pub(crate) fn board_post(f: &Fingerprint, n: u32) -> Option<usize> {
         REDUCE_SCATTER | SCATTER | ALLTOALL => n as usize,
         _ => return None,
     };
-    let dt = DataType::from_raw(f.dtype.checked_sub(1)?.into()).ok()?;
-    Some((f.count as usize).saturating_mul(dt.size()).saturating_mul(per_rank))
+    // On every small call's path: a look-up, no fallible conversion.
+    let size = DataType::ALL.get(usize::from(f.dtype.checked_sub(1)?))?.size();
+    Some((f.count as usize).saturating_mul(size).saturating_mul(per_rank))
 }
 
 /// A fingerprint of collective `op` (an `Op::name`) over `bytes` (the whole buffer, as

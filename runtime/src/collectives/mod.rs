@@ -412,12 +412,21 @@ fn span(blocks: &[Block]) -> usize {
 /// # Safety
 /// Every pointer in `work` must be valid as described by the `Op` it came from, until return.
 pub(crate) unsafe fn execute(ctx: &Ctx<'_>, work: &Work) -> Result<()> {
-    let ctx = &board::settle(ctx)?;
+    // Settled once the board is made: every later call keeps its context (no copy).
+    let settled;
+    let ctx = match board::unsettled(ctx) {
+        true => {
+            settled = board::settle(ctx)?;
+            &settled
+        }
+        false => ctx,
+    };
     let plan = select::select(work, ctx)?;
     let (algo, ctx) = (plan.algo, &ctx.with_chunk(plan.chunk));
-    let _span = ctx.span(algo.name()).entered();
+    // Checked here first: making a disabled span still costs a call and a copy per operation.
+    let _span = tracing::enabled!(tracing::Level::DEBUG).then(|| ctx.span(algo.name()).entered());
     let t = crate::trace::start();
-    let when = verify::needed(work, ctx.turn(), &ctx.fingerprint());
+    let when = verify::needed(work, ctx.turn(), ctx.fingerprint());
     // Before any data moves: ranks whose calls differ in where the data goes (the root, say)
     // could otherwise all wait for data that nobody sends.
     let mut r = match when {

@@ -222,6 +222,7 @@ fn chunk_for(m: &Model, step: f64) -> usize {
     c.min(m.max_chunk)
 }
 
+#[inline]
 pub(crate) fn select(work: &Work, ctx: &Ctx<'_>) -> Result<Plan> {
     // Decided at submit time, with the board made (see board.rs).
     if ctx.turn().is_some() {

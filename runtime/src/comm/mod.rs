@@ -356,7 +356,7 @@ impl Planned {
     /// # Safety
     /// As [`collectives::execute`].
     unsafe fn run(&self, inner: &CommInner, work: &Work) -> Result<()> {
-        let ctx = Ctx::new(inner, self.kind, self.seq).with_turn(self.turn).with_fingerprint(self.fp);
+        let ctx = Ctx::new(inner, self.kind, self.seq).with_turn(self.turn).with_fingerprint(&self.fp);
         // SAFETY: the caller's promise, passed on.
         let mut r = unsafe { collectives::execute(&ctx, work) };
         if r.is_ok() && inner.net.inbox.health_changes() != 0 {
