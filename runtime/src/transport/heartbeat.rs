@@ -144,6 +144,7 @@ impl Watch<'_> {
         // Suspect notices each link still has to take.
         let mut pending: Vec<(u32, Vec<u8>)> = Vec::new();
         let mut next_beat = std::time::Instant::now();
+        let mut lateness = super::starved::Lateness::default();
         while !stop.load(Ordering::SeqCst) {
             let lost = inbox.announcements();
             let failed = inbox.failed();
@@ -164,6 +165,9 @@ impl Watch<'_> {
                 p.receive(n, &|from| addrs.iter().find(|(_, a)| *a == from).map(|(r, _)| *r));
             }
             if !every.is_zero() && std::time::Instant::now() >= next_beat {
+                // Pulses and news wake this thread often; the beats' own rhythm shows how late
+                // it runs.
+                lateness.woke(next_beat, std::time::Instant::now());
                 next_beat = std::time::Instant::now() + every;
                 let all = peers.all();
                 let live: Vec<u32> =
@@ -187,7 +191,11 @@ impl Watch<'_> {
                     self.note_slow(&mut slow, rank, link.silent_for(), pulse, every, dead_after);
                     // Bytes waiting in the socket mean the peer spoke and our reader is merely
                     // behind (a starved thread on a loaded machine), not that the peer is gone.
-                    if silent > dead_after && !link.has_unread() {
+                    // A peer not heard from yet may still be finishing its set-up (hundreds of
+                    // ranks on a few cores finish it far apart): four times the patience.
+                    let patience = if link.heard_yet() { dead_after } else { 4 * dead_after };
+                    let allowed = patience + lateness.allowance(std::time::Instant::now());
+                    if silent > allowed && !link.has_unread() {
                         declared.insert(rank);
                         let why = format!(
                             "silent for {} ms: frozen, hung or cut off (HCCN_DEAD_AFTER_MS)",

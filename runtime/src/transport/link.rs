@@ -39,8 +39,13 @@ pub(crate) trait Link: Send + Sync {
     fn control(&self, hdr: &FrameHeader, payload: &[u8]) -> bool;
     /// Sends a heartbeat unless that would wait (a busy link proves life by itself).
     fn heartbeat(&self);
-    /// Time since the last frame arrived from the peer.
+    /// Time since the last frame arrived from the peer (since the link was made, before the
+    /// first).
     fn silent_for(&self) -> Duration;
+    /// Whether any frame has arrived from the peer yet.
+    fn heard_yet(&self) -> bool {
+        true
+    }
     /// True when bytes from the peer are waiting to be read (it spoke; we did not listen yet).
     fn has_unread(&self) -> bool;
 

@@ -23,6 +23,7 @@ pub(crate) mod pool;
 pub(crate) mod pulse;
 pub(crate) mod shm;
 pub(crate) mod sink;
+mod starved;
 mod sweep;
 pub(crate) mod tcp;
 pub(crate) mod usage;

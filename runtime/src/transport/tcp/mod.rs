@@ -43,8 +43,11 @@ struct TcpLink {
 /// When the last frame arrived, as milliseconds since the link started.
 struct LastHeard {
     start: Instant,
+    /// Milliseconds after `start` of the last frame, [`NEVER`] before the first.
     ms: AtomicU64,
 }
+
+const NEVER: u64 = u64::MAX;
 
 impl LastHeard {
     fn now(&self) {
@@ -92,8 +95,15 @@ impl Link for TcpLink {
 
     fn silent_for(&self) -> Duration {
         let heard = &self.conn.heard;
-        let last = Duration::from_millis(heard.ms.load(Ordering::Relaxed));
+        let last = match heard.ms.load(Ordering::Relaxed) {
+            NEVER => Duration::ZERO,
+            ms => Duration::from_millis(ms),
+        };
         heard.start.elapsed().saturating_sub(last)
+    }
+
+    fn heard_yet(&self) -> bool {
+        self.conn.heard.ms.load(Ordering::Relaxed) != NEVER
     }
 
     fn has_unread(&self) -> bool {
@@ -300,7 +310,7 @@ pub(crate) fn start_link(sock: TcpStream, peer: u32, inbox: &Arc<Inbox>, cfg: &C
         sock,
         inbox: inbox.clone(),
         closing: AtomicBool::new(false),
-        heard: LastHeard { start: Instant::now(), ms: AtomicU64::new(0) },
+        heard: LastHeard { start: Instant::now(), ms: AtomicU64::new(NEVER) },
         reading: Mutex::new(Rx::default()),
         polled: AtomicU32::new(0),
         skip: AtomicU64::new(0),
