@@ -5,6 +5,7 @@
 
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,6 +15,7 @@ use crate::auth::{self, Purpose};
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
 use crate::transport::tcp::{send_all, start_link};
+use crate::transport::waker::{wait_readable, Waker};
 use crate::transport::{shm, Inbox, Link, Net};
 
 /// The first bytes after the handshake: which mesh and which rank is calling.
@@ -57,7 +59,7 @@ pub(crate) fn connect_peer(
     Ok(sock)
 }
 
-/// Handshakes in progress at once while a mesh forms; connections beyond are closed unread.
+/// Handshakes in progress at once while a mesh forms; connections beyond wait to be accepted.
 const MAX_PENDING_HANDSHAKES: usize = 64;
 
 /// Accepts one connection from each rank in `from_ranks`, refusing (and logging) anything else.
@@ -77,10 +79,14 @@ pub(crate) fn accept_peers(
     let handshake_timeout = cfg.timeout.min(Duration::from_secs(10));
     let (tx, rx) = std::sync::mpsc::channel::<(SocketAddr, Result<(u32, TcpStream)>)>();
     let pending = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // Each handshake's outcome wakes the loop, which otherwise sleeps until a connection comes:
+    // hundreds of ranks polling their listeners would take the CPU the others need to start.
+    let done = Arc::new(Waker::new().map_err(sys)?);
     let mut got: Vec<(u32, TcpStream)> = Vec::new();
     let want = from_ranks.len();
+    let mut early = None;
     while got.len() < want {
-        while let Ok((from, outcome)) = rx.try_recv() {
+        while let Some((from, outcome)) = early.take().or_else(|| rx.try_recv().ok()) {
             match outcome {
                 Ok((rank, _)) if got.iter().any(|(r, _)| *r == rank) => {
                     tracing::warn!(%from, rank, "refused a second connection claiming the same rank");
@@ -92,7 +98,11 @@ pub(crate) fn accept_peers(
         if got.len() >= want {
             break;
         }
-        let (sock, from) = match listener.accept() {
+        // At the cap, the next connections wait in the listen queue (not refused: at hundreds
+        // of ranks on a few cores, many real members' handshakes are pending at once).
+        let full = pending.load(Ordering::SeqCst) >= MAX_PENDING_HANDSHAKES;
+        let accepted = if full { Err(std::io::ErrorKind::WouldBlock.into()) } else { listener.accept() };
+        let (sock, from) = match accepted {
             Ok(c) => c,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if Instant::now() >= deadline {
@@ -104,17 +114,22 @@ pub(crate) fn accept_peers(
                         got.len(),
                     )));
                 }
-                std::thread::sleep(Duration::from_millis(2));
+                // Cleared before looking, so that an outcome sent after the look still wakes us.
+                done.clear();
+                early = rx.try_recv().ok();
+                if early.is_some() {
+                    continue;
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                let listening: &[_] = if full { &[done.fd()] } else { &[listener.as_raw_fd(), done.fd()] };
+                wait_readable(listening, left.min(Duration::from_millis(500)));
                 continue;
             }
             Err(e) => return Err(sys(e)),
         };
-        if pending.load(Ordering::SeqCst) >= MAX_PENDING_HANDSHAKES {
-            tracing::warn!(%from, "refused a peer connection: {MAX_PENDING_HANDSHAKES} handshakes already pending");
-            continue;
-        }
         pending.fetch_add(1, Ordering::SeqCst);
         let (tx, pending2, token, range) = (tx.clone(), pending.clone(), token.to_vec(), from_ranks.clone());
+        let done = done.clone();
         let spawned = std::thread::Builder::new().name("hccn-handshake".into()).spawn(move || {
             let outcome = admit_peer(sock, mesh, range, size, &token, handshake_timeout);
             pending2.fetch_sub(1, Ordering::SeqCst);
@@ -124,6 +139,7 @@ pub(crate) fn accept_peers(
             }
             // The acceptor may have finished (or given up) already: then the socket just closes.
             let _ = tx.send((from, outcome));
+            done.wake();
         });
         if let Err(e) = spawned {
             pending.fetch_sub(1, Ordering::SeqCst);

@@ -28,7 +28,7 @@ mod sweep;
 pub(crate) mod tcp;
 pub(crate) mod usage;
 pub(crate) mod wait;
-mod waker;
+pub(crate) mod waker;
 
 pub(crate) use inbox::{departure, Health, Inbox};
 pub(crate) use link::{poll_yielding, DirectRead, Frame, Key, Link, POLL_ALONE_MAX, TCP_POLL};
