@@ -167,7 +167,7 @@ impl Watch<'_> {
             if !every.is_zero() && std::time::Instant::now() >= next_beat {
                 // Pulses and news wake this thread often; the beats' own rhythm shows how late
                 // it runs.
-                lateness.woke(next_beat, std::time::Instant::now());
+                lateness.woke(next_beat, std::time::Instant::now(), super::starved::queue_wait());
                 next_beat = std::time::Instant::now() + every;
                 let all = peers.all();
                 let live: Vec<u32> =

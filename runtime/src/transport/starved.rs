@@ -3,13 +3,19 @@
 //! hundreds of others, and a peer on this host can be silent for longer than
 //! HCCN_DEAD_AFTER_MS while alive. A watchdog that itself woke that late has the evidence: it
 //! extends the silence it takes for death by twice its recent lateness (the peer's watchdog
-//! was as late in sending as this one was in looking). On a host with cores to spare, lateness
-//! is a few milliseconds and detection keeps its speed.
+//! was as late in sending as this one was in looking). A peer on this host can also be starved
+//! while this watchdog is lucky: the run queue says how long a thread may wait its turn (the
+//! runnable threads beyond the cores, a few milliseconds of slice each). On a host with cores to
+//! spare, both are a few milliseconds and detection keeps its speed.
 
 use std::time::{Duration, Instant};
 
 /// How long a lateness counts: a starved moment long past says nothing about now.
 const MEMORY: Duration = Duration::from_secs(3);
+
+/// What a runnable thread beyond the cores costs the others in waiting: about one scheduler
+/// slice (Linux's minimum granularity is 3 ms on small machines).
+const SLICE: Duration = Duration::from_millis(4);
 
 #[derive(Debug, Default)]
 pub(crate) struct Lateness {
@@ -18,9 +24,10 @@ pub(crate) struct Lateness {
 }
 
 impl Lateness {
-    /// Notes a wake-up at `woke` that was planned for `planned`.
-    pub fn woke(&mut self, planned: Instant, woke: Instant) {
-        let late = woke.saturating_duration_since(planned);
+    /// Notes a wake-up at `woke` that was planned for `planned`, and how long a thread may wait
+    /// for a core now (`queue`, see [`queue_wait`]); both count alike.
+    pub fn woke(&mut self, planned: Instant, woke: Instant, queue: Duration) {
+        let late = woke.saturating_duration_since(planned).max(queue / 2);
         let keep = self.worst.filter(|(at, d)| woke.saturating_duration_since(*at) < MEMORY && *d >= late);
         self.worst = Some(keep.unwrap_or((woke, late)));
     }
@@ -34,6 +41,19 @@ impl Lateness {
     }
 }
 
+/// How long a thread that becomes runnable now may wait for a core: the runnable threads beyond
+/// the cores (/proc/loadavg's fourth field), a slice each, shared among the cores.
+pub(crate) fn queue_wait() -> Duration {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get() as u32);
+    std::fs::read_to_string("/proc/loadavg").map_or(Duration::ZERO, |text| queue_wait_in(&text, cores))
+}
+
+fn queue_wait_in(loadavg: &str, cores: u32) -> Duration {
+    let runnable = loadavg.split_whitespace().nth(3).and_then(|f| f.split('/').next()).and_then(|r| r.parse().ok());
+    let beyond = runnable.unwrap_or(0u32).saturating_sub(cores);
+    SLICE * beyond / cores.max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -43,15 +63,27 @@ mod tests {
         let t0 = Instant::now();
         let mut l = Lateness::default();
         assert_eq!(l.allowance(t0), Duration::ZERO);
-        l.woke(t0, t0 + Duration::from_millis(2));
-        l.woke(t0 + Duration::from_millis(100), t0 + Duration::from_millis(700));
-        l.woke(t0 + Duration::from_millis(800), t0 + Duration::from_millis(810));
+        l.woke(t0, t0 + Duration::from_millis(2), Duration::ZERO);
+        l.woke(t0 + Duration::from_millis(100), t0 + Duration::from_millis(700), Duration::ZERO);
+        l.woke(t0 + Duration::from_millis(800), t0 + Duration::from_millis(810), Duration::ZERO);
         let at = t0 + Duration::from_secs(1);
         assert_eq!(l.allowance(at), Duration::from_millis(1200), "600 ms late, twice");
         // Long after: only what was seen since counts.
         let later = t0 + Duration::from_secs(5);
-        l.woke(later, later + Duration::from_millis(3));
+        l.woke(later, later + Duration::from_millis(3), Duration::ZERO);
         assert_eq!(l.allowance(later + Duration::from_millis(3)), Duration::from_millis(6));
         assert_eq!(l.allowance(later + Duration::from_secs(10)), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_crowded_run_queue_counts_as_lateness() {
+        // 5 runnable of 139 on 2 cores: 3 beyond, 4 ms each, over 2 cores.
+        assert_eq!(queue_wait_in("26.83 14.23 7.34 5/139 16522", 2), Duration::from_millis(6));
+        assert_eq!(queue_wait_in("0.1 0.1 0.1 1/90 1", 2), Duration::ZERO);
+        assert_eq!(queue_wait_in("garbage", 2), Duration::ZERO);
+        let t0 = Instant::now();
+        let mut l = Lateness::default();
+        l.woke(t0, t0 + Duration::from_millis(1), Duration::from_millis(1000));
+        assert_eq!(l.allowance(t0 + Duration::from_millis(2)), Duration::from_millis(1000));
     }
 }
