@@ -145,6 +145,7 @@ impl Watch<'_> {
         let mut pending: Vec<(u32, Vec<u8>)> = Vec::new();
         let mut next_beat = std::time::Instant::now();
         let mut lateness = super::starved::Lateness::default();
+        let mut watched_since = WatchedSince::default();
         while !stop.load(Ordering::SeqCst) {
             let lost = inbox.announcements();
             let failed = inbox.failed();
@@ -173,6 +174,7 @@ impl Watch<'_> {
                 let live: Vec<u32> =
                     all.iter().map(|(r, _)| *r).filter(|r| !declared.contains(r) && !failed.contains_key(r)).collect();
                 let watching = watched(self.me, live.iter().copied(), self.watched);
+                watched_since.update(&watching);
                 if let Some(p) = self.pulse {
                     let ranks = inbox.pulse_ranks().into_iter();
                     let to: Vec<_> = ranks.filter(|(r, _)| watching.contains(r)).map(|(_, a)| a).collect();
@@ -187,7 +189,8 @@ impl Watch<'_> {
                     super::usage::heartbeats_sent(1);
                     // The link or its pulses: whichever was heard last.
                     let pulse = self.pulse.and_then(|p| p.silent_for(rank));
-                    let silent = pulse.map_or(link.silent_for(), |p| p.min(link.silent_for()));
+                    let heard = pulse.map_or(link.silent_for(), |p| p.min(link.silent_for()));
+                    let silent = heard.min(watched_since.watched_for(rank));
                     self.note_slow(&mut slow, rank, link.silent_for(), pulse, every, dead_after);
                     // Bytes waiting in the socket mean the peer spoke and our reader is merely
                     // behind (a starved thread on a loaded machine), not that the peer is gone.
@@ -219,6 +222,26 @@ impl Watch<'_> {
             wait_readable(&fds, nap);
             self.waker.clear();
         }
+    }
+}
+
+/// When this rank began to watch each peer it watches. A peer it begins to watch (a neighbour
+/// failed, the ring closed up) owed it nothing before: it may not even know yet of the failure
+/// that made them neighbours. Its silence counts from then, not from its last frame.
+#[derive(Default)]
+struct WatchedSince(std::collections::HashMap<u32, std::time::Instant>);
+
+impl WatchedSince {
+    fn update(&mut self, watching: &HashSet<u32>) {
+        let now = std::time::Instant::now();
+        self.0.retain(|r, _| watching.contains(r));
+        watching.iter().for_each(|&r| {
+            self.0.entry(r).or_insert(now);
+        });
+    }
+
+    fn watched_for(&self, rank: u32) -> Duration {
+        self.0.get(&rank).map_or(Duration::MAX, std::time::Instant::elapsed)
     }
 }
 
