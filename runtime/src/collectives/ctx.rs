@@ -89,7 +89,7 @@ impl<'a> Ctx<'a> {
         inbox.health(|h| {
             self.comm.members.iter().enumerate().find_map(|(r, w)| {
                 let news = h.departed.get(w).filter(|_| waited(r as u32))?;
-                Some(crate::transport::departure(*w, news).context(format!("rank {r}")).with_failed(vec![r as u32]))
+                Some(self.comm.departed(r as u32, news))
             })
         })
     }

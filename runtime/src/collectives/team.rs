@@ -244,19 +244,28 @@ impl Team {
         }
         for (r, w) in self.members.iter().enumerate().filter(|_| departures) {
             let Some(news) = health.departed.get(w) else { continue };
-            let known: Vec<(u32, String)> =
-                news.iter().filter_map(|(x, f)| Some((self.rank_of(*x)?, f.reason.clone()))).collect();
-            if known.is_empty() {
-                return Some(departure(*w, news).context(format!("rank {r}")).with_failed(vec![r as u32]));
-            }
-            let ranks: Vec<u32> = known.iter().map(|k| k.0).collect();
-            let detail: Vec<String> = known.iter().map(|(x, why)| format!("rank {x}: {why}")).collect();
-            return Some(Error::rank_failed(
-                ranks,
-                format!("communicator member failed ({}; told by rank {r}, which left)", detail.join("; ")),
-            ));
+            return Some(self.departed(r as u32, news));
         }
         None
+    }
+
+    /// The error for member `r`, which left knowing of `news`. A member that left after losing
+    /// members of this communicator most likely left because of that loss (its call failed and
+    /// it gave up): the loss is the error, so that every survivor names the same failed ranks,
+    /// whether it heard of the failure first or of the departure.
+    pub fn departed(&self, r: u32, news: &[(u32, Fault)]) -> Error {
+        let w = self.members.get(r as usize).copied().unwrap_or(r);
+        let known: Vec<(u32, String)> =
+            news.iter().filter_map(|(x, f)| Some((self.rank_of(*x)?, f.reason.clone()))).collect();
+        if known.is_empty() {
+            return departure(w, news).context(format!("rank {r}")).with_failed(vec![r]);
+        }
+        let ranks: Vec<u32> = known.iter().map(|k| k.0).collect();
+        let detail: Vec<String> = known.iter().map(|(x, why)| format!("rank {x}: {why}")).collect();
+        Error::rank_failed(
+            ranks,
+            format!("communicator member failed ({}; told by rank {r}, which left)", detail.join("; ")),
+        )
     }
 
     /// Members that failed, lost a link to another member, or left, in communicator ranks (what
@@ -285,6 +294,14 @@ impl Team {
         // Transport errors name world ranks; the communicator's own view names its ranks.
         let e = match e.kind() {
             ErrorKind::RankFailed => self.net.inbox.health(|h| self.status(h)).unwrap_or(e),
+            // A peer that left (or gave up on this operation) after a member failed: the
+            // failure is the error, as every survivor that heard of it first reports.
+            ErrorKind::Remote => self
+                .net
+                .inbox
+                .health(|h| self.status_of(h, true))
+                .filter(|s| s.kind() == ErrorKind::RankFailed)
+                .unwrap_or(e),
             _ => e,
         };
         let mut slot = self.async_error.locked();
