@@ -176,8 +176,9 @@ pub(super) fn up(sim: &mut Sim, r: u32, from: u32, key: Key, tree: Rc<Tree>, sum
         return;
     }
     let Some(pos) = tree.position(from) else { return };
-    let step = sim.cfg.protocol.step;
-    sim.charge(r, super::clock::ns(step.fixed));
+    // One call into a state machine that took a subtree's vote whole: the aggregate costs one
+    // step, whatever the number of ranks it speaks for.
+    sim.charge(r, sim.step_cost());
     let (ballot, phase) = key;
     if let Some((who, promised, know)) = sum.refused {
         let outs = sim.step(r, false, |a| a.receive(who, Msg::Reject { promised, know }));

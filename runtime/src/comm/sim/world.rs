@@ -52,6 +52,8 @@ pub(super) enum Event {
     Deliver { to: u32, from: u32, wire: Wire },
     /// A rank's CPU takes the next thing it has to do.
     Run(u32),
+    /// A rank's `agree()` thread, signalled, is running again.
+    Woken(u32),
 }
 
 /// What a rank's CPU has to do, in order.
@@ -201,6 +203,11 @@ impl<'a> Sim<'a> {
                 }
             }
             Event::Run(r) => self.run_next(r),
+            Event::Woken(r) => {
+                if self.alive(r) {
+                    self.queue_work(r, Work::Wake);
+                }
+            }
         }
     }
 
@@ -279,8 +286,14 @@ impl<'a> Sim<'a> {
 
     pub fn schedule_wake(&mut self, r: u32) {
         if !std::mem::replace(&mut self.ranks[r as usize].wake_pending, true) {
-            self.queue_work(r, Work::Wake);
+            self.q.push(self.now + ns(self.cfg.net.wakeup), Event::Woken(r));
         }
+    }
+
+    /// Simulated CPU time of one call into a state machine.
+    pub fn step_cost(&self) -> Nanos {
+        let step = self.cfg.protocol.step;
+        ns(step.fixed) + ns(step.per_rank) * u64::from(self.cfg.ranks)
     }
 
     /// One call into rank `r`'s state machine, charged as the protocol's step cost unless it is
@@ -289,8 +302,7 @@ impl<'a> Sim<'a> {
         self.steps += 1;
         let outs = call(&mut self.ranks[r as usize].agreement);
         if charge {
-            let step = self.cfg.protocol.step;
-            self.charge(r, ns(step.fixed) + ns(step.per_rank) * u64::from(self.cfg.ranks));
+            self.charge(r, self.step_cost());
         }
         let rank = &mut self.ranks[r as usize];
         if rank.ended_at.is_none() && rank.agreement.outcome().is_some() {
@@ -407,6 +419,7 @@ impl<'a> Sim<'a> {
             agreement_messages: self.agreement_messages,
             sent: self.load(|r| r.sent as f64),
             received: self.load(|r| r.received as f64),
+            load: self.load(|r| (r.sent + r.received) as f64),
             beats_per_second: self.load(|r| r.beats as f64 / self.cfg.fail_at.as_secs_f64()),
             steps: self.steps,
             wall,
