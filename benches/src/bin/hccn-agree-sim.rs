@@ -1,37 +1,56 @@
 //! Failure detection and the shrink agreement at scale, in simulated time (no sockets; see
-//! `hccn_runtime::comm::sim`): for a crash and a freeze of one rank, each also with the
-//! coordinator failing half-way through its ACCEPTs, under today's protocol (notices to every
-//! member, agreement point to point, O(n) state-machine steps) and the scalable one (notices and
-//! votes along trees, O(1) steps): simulated time to detection, to every survivor knowing, to
-//! every survivor deciding; messages per rank; steady heartbeat load per rank.
+//! `hccn_runtime::comm::sim`): one rank crashes or freezes among 1,024 to 16,384, its watchers
+//! find it (heartbeat 100 ms, dead after 800 ms, 3 watched each side), the news spreads and the
+//! survivors run the runtime's own agreement state machine. Per run: simulated time to the first
+//! watcher's detection, to every survivor knowing, to every survivor deciding; messages in all,
+//! and per rank (sent and read, heartbeats apart); the steady heartbeat load per rank.
 //!
-//! Usage: hccn-agree-sim [RANKS...] [--protocol today|today-o1|scalable]... [--seed N] [--jobs N]
-//! (default: 1024 4096 16384, today and scalable, seed 1, 2 jobs). `today-o1`: today's
-//! messages with O(1) steps, to tell the message pattern's cost from the state machine's.
+//! Protocols: `scalable` (notices and votes along trees, O(1) state-machine steps), `today`
+//! (notices to every member, agreement point to point, today's O(n) steps), `today-o1` (today's
+//! messages, O(1) steps: the message pattern's cost alone), `trees` (trees, today's O(n) steps).
+//!
+//! Usage: hccn-agree-sim [RANKS...] [--protocol P]... [--coordinator] [--seed N] [--jobs N]
+//! Default: 1024 4096 16384 with `scalable`, and `today` up to 4,096 ranks (at 16,384 it takes
+//! minutes of wall time: ask for it with `--protocol today`); crash and freeze; seed 1; 2 jobs.
+//! `--coordinator`: also each fault with the coordinator failing half-way through its ACCEPTs.
+//! Exits 1 when any run ends without every survivor deciding the victim's removal alone.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use hccn_runtime::comm::sim::{measure_step, run, Config, FaultKind, Protocol, Report};
 
+/// Where `today` stops by default: above it one run takes minutes of wall time, since every
+/// rank's step into today's state machine is O(n) on this machine too.
+const TODAY_UP_TO: u32 = 4096;
+
 struct Args {
     sizes: Vec<u32>,
     protocols: Vec<(&'static str, Protocol)>,
+    coordinator: bool,
     seed: u64,
     jobs: usize,
 }
 
+fn protocol(name: &str) -> Result<(&'static str, Protocol), String> {
+    Ok(match name {
+        "scalable" => ("scalable", Protocol::SCALABLE),
+        "today" => ("today", Protocol::TODAY),
+        "today-o1" => ("today, O(1) steps", Protocol::TODAY_CONSTANT_STEP),
+        "trees" => ("trees, O(n) steps", Protocol::TREES_LINEAR_STEP),
+        p => return Err(format!("unknown protocol {p:?} (scalable, today, today-o1, trees)")),
+    })
+}
+
 fn parse() -> Result<Args, String> {
-    let mut a = Args { sizes: Vec::new(), protocols: Vec::new(), seed: 1, jobs: 2 };
+    let mut a = Args { sizes: Vec::new(), protocols: Vec::new(), coordinator: false, seed: 1, jobs: 2 };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
         match arg.as_str() {
-            "--protocol" => match value("--protocol")?.as_str() {
-                "today" => a.protocols.push(("today", Protocol::TODAY)),
-                "today-o1" => a.protocols.push(("today, O(1) steps", Protocol::TODAY_CONSTANT_STEP)),
-                "scalable" => a.protocols.push(("scalable", Protocol::SCALABLE)),
-                p => return Err(format!("unknown protocol {p:?} (today, today-o1, scalable)")),
-            },
+            "--protocol" => a.protocols.push(protocol(&value("--protocol")?)?),
+            "--coordinator" => a.coordinator = true,
             "--seed" => a.seed = value("--seed")?.parse().map_err(|e| format!("--seed: {e}"))?,
             "--jobs" => a.jobs = value("--jobs")?.parse::<usize>().map_err(|e| format!("--jobs: {e}"))?.max(1),
             n => a.sizes.push(n.parse().ok().filter(|&n| n >= 2).ok_or(format!("not a number of ranks (≥ 2): {n:?}"))?),
@@ -40,67 +59,83 @@ fn parse() -> Result<Args, String> {
     if a.sizes.is_empty() {
         a.sizes = vec![1024, 4096, 16384];
     }
-    if a.protocols.is_empty() {
-        a.protocols = vec![("today", Protocol::TODAY), ("scalable", Protocol::SCALABLE)];
-    }
     Ok(a)
 }
 
-fn ms(d: Option<Duration>, limit: Duration) -> String {
-    d.map_or(format!("> {}", limit.as_millis()), |d| format!("{:.2}", d.as_secs_f64() * 1e3))
+/// The runs to make, in the order printed.
+fn plan(args: &Args) -> Vec<(&'static str, &'static str, Config)> {
+    let mut faults = vec![("crash", FaultKind::Crash, false), ("freeze", FaultKind::Freeze, false)];
+    if args.coordinator {
+        faults.extend([
+            ("crash + coordinator", FaultKind::Crash, true),
+            ("freeze + coordinator", FaultKind::Freeze, true),
+        ]);
+    }
+    let chosen = !args.protocols.is_empty();
+    let protocols = if chosen {
+        args.protocols.clone()
+    } else {
+        vec![("scalable", Protocol::SCALABLE), ("today", Protocol::TODAY)]
+    };
+    let mut runs = Vec::new();
+    for &(pname, protocol) in &protocols {
+        for &n in &args.sizes {
+            if !chosen && protocol == Protocol::TODAY && n > TODAY_UP_TO {
+                continue;
+            }
+            for &(fname, fault, coordinator_fails) in &faults {
+                let mut cfg = Config::new(n, fault, protocol);
+                cfg.coordinator_fails = coordinator_fails;
+                cfg.seed = args.seed;
+                runs.push((fname, pname, cfg));
+            }
+        }
+    }
+    runs
 }
 
-fn row(n: u32, scenario: &str, protocol: &str, cfg: &Config, r: &Report) -> String {
+fn ms(d: Option<Duration>, limit: Duration) -> String {
+    d.map_or(format!("> {}", limit.as_millis()), |d| format!("{:.1}", d.as_secs_f64() * 1e3))
+}
+
+/// Every survivor decided, the same set, and that set is the failed ranks.
+fn agreed_right(r: &Report) -> bool {
+    let mut failed = r.failed.clone();
+    failed.sort_unstable();
+    r.undecided == 0 && r.wrongly_excluded.is_empty() && r.agreed.as_ref() == Some(&failed)
+}
+
+fn row(fault: &str, protocol: &str, cfg: &Config, r: &Report) -> String {
     let limit = cfg.give_up_after;
-    let ok = r.undecided == 0 && r.wrongly_excluded.is_empty() && r.agreed.is_some();
     format!(
-        "| {n} | {scenario} | {protocol} | {} | {} | {} | {} | {} (r{}) | {} (r{}) | {:.1} | {:.0} | {} | {} | {:.1} |",
+        "| {} | {fault} | {protocol} | {} | {} | {} | {} | {} (r{}) | {:.1} | {:.0} | {} | {:.1} |",
+        cfg.ranks,
         ms(r.detected, limit),
         ms(r.all_know, limit),
         ms(r.all_decided, limit),
         r.news_messages + r.agreement_messages,
-        r.sent.max,
-        r.sent.busiest,
-        r.received.max,
-        r.received.busiest,
-        (r.sent.mean + r.received.mean) / 2.0,
+        r.load.max,
+        r.load.busiest,
+        r.load.mean,
         r.beats_per_second.max,
-        if ok { format!("{:?}", r.agreed.as_deref().unwrap_or_default()) } else { "NO".into() },
-        r.steps,
+        if agreed_right(r) { format!("{:?}", r.agreed.as_deref().unwrap_or_default()) } else { "NO".into() },
         r.wall.as_secs_f64(),
     )
 }
 
-fn main() {
-    let args = match parse() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("hccn-agree-sim: {e}");
-            std::process::exit(2);
-        }
-    };
-    let scenarios = [
-        ("crash", FaultKind::Crash, false),
-        ("freeze", FaultKind::Freeze, false),
-        ("crash + coordinator", FaultKind::Crash, true),
-        ("freeze + coordinator", FaultKind::Freeze, true),
-    ];
-    let mut runs = Vec::new();
-    for &n in &args.sizes {
-        for (name, fault, coordinator_fails) in scenarios {
-            for &(pname, protocol) in &args.protocols {
-                let mut cfg = Config::new(n, fault, protocol);
-                cfg.coordinator_fails = coordinator_fails;
-                cfg.seed = args.seed;
-                runs.push((n, name, pname, cfg));
-            }
-        }
-    }
+fn header(args: &Args) {
     let model = Config::new(2, FaultKind::Crash, Protocol::TODAY);
     println!(
-        "Network: {:?} ± {:?} a message, {:?} CPU to send or read one; heartbeat {:?}, dead after {:?}, {} watched \
-         each side.",
-        model.net.latency, model.net.jitter, model.net.overhead, model.heartbeat, model.dead_after, model.watched
+        "Network: {:?} ± {:?} a message, {:?} CPU to send or read one, {:?} to wake a waiting thread; heartbeat {:?}, \
+         dead after {:?}, {} watched each side; seed {}.",
+        model.net.latency,
+        model.net.jitter,
+        model.net.overhead,
+        model.net.wakeup,
+        model.heartbeat,
+        model.dead_after,
+        model.watched,
+        args.seed
     );
     for &n in &args.sizes {
         println!(
@@ -111,18 +146,78 @@ fn main() {
     }
     println!();
     println!(
-        "| ranks | scenario | protocol | detected (ms) | all know (ms) | all decided (ms) | messages | max sent | max read \
-         | mean per rank | heartbeats/s per rank | agreed | steps | wall (s) |"
+        "| ranks | fault | protocol | first watcher (ms) | all informed (ms) | all decided (ms) | messages | max per rank \
+         | mean per rank | heartbeats/s per rank | agreed | wall (s) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-    // Runs are independent and deterministic: a few at once, printed in order.
-    for batch in runs.chunks(args.jobs) {
-        let reports: Vec<Report> = std::thread::scope(|s| {
-            let handles: Vec<_> = batch.iter().map(|(_, _, _, cfg)| s.spawn(move || run(cfg))).collect();
-            handles.into_iter().map(|h| h.join().expect("a simulation panicked")).collect()
-        });
-        for ((n, name, pname, cfg), rep) in batch.iter().zip(&reports) {
-            println!("{}", row(*n, name, pname, cfg, rep));
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+}
+
+/// Per protocol and fault, the busiest rank's messages at the largest size against the smallest:
+/// what "per-rank load independent of n" comes to.
+fn growth(runs: &[(&str, &str, Config)], reports: &[Report]) {
+    let all: Vec<_> = runs.iter().zip(reports).collect();
+    let mut seen: Vec<(&str, &str)> = Vec::new();
+    for ((fault, protocol, _), _) in &all {
+        if seen.contains(&(fault, protocol)) {
+            continue;
         }
+        seen.push((fault, protocol));
+        let same: Vec<_> = all.iter().filter(|((f, p, _), _)| f == fault && p == protocol).collect();
+        let (Some(((_, _, small), rs)), Some(((_, _, large), rl))) = (same.first(), same.last()) else { continue };
+        if small.ranks == large.ranks {
+            continue;
+        }
+        println!(
+            "{protocol}, {fault}: busiest rank {} messages at {} ranks, {} at {} (×{:.2}); mean {:.1} and {:.1}.",
+            rs.load.max,
+            small.ranks,
+            rl.load.max,
+            large.ranks,
+            rl.load.max as f64 / rs.load.max.max(1) as f64,
+            rs.load.mean,
+            rl.load.mean
+        );
+    }
+}
+
+/// Runs are independent and deterministic: `jobs` threads take them largest first (a run's
+/// wall time grows as n², so the largest decides when all end), reports in `runs`' order.
+fn run_all(runs: &[(&str, &str, Config)], jobs: usize) -> Vec<Report> {
+    let mut order: Vec<usize> = (0..runs.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(runs[i].2.ranks));
+    let next = AtomicUsize::new(0);
+    let done: Mutex<Vec<Option<Report>>> = Mutex::new(vec![None; runs.len()]);
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| {
+                while let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    let rep = run(&runs[i].2);
+                    done.lock().unwrap_or_else(|p| p.into_inner())[i] = Some(rep);
+                }
+            });
+        }
+    });
+    let done = done.into_inner().unwrap_or_else(|p| p.into_inner());
+    done.into_iter().map(|r| r.expect("every run ends")).collect()
+}
+
+fn main() {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("hccn-agree-sim: {e}");
+            std::process::exit(2);
+        }
+    };
+    let runs = plan(&args);
+    header(&args);
+    let reports = run_all(&runs, args.jobs);
+    for ((fault, protocol, cfg), rep) in runs.iter().zip(&reports) {
+        println!("{}", row(fault, protocol, cfg, rep));
+    }
+    println!();
+    growth(&runs, &reports);
+    if !reports.iter().all(agreed_right) {
+        std::process::exit(1);
     }
 }
