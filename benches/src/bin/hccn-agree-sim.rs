@@ -95,7 +95,7 @@ fn plan(args: &Args) -> Vec<(&'static str, &'static str, Config)> {
 }
 
 fn ms(d: Option<Duration>, limit: Duration) -> String {
-    d.map_or(format!("> {}", limit.as_millis()), |d| format!("{:.1}", d.as_secs_f64() * 1e3))
+    d.map_or(format!("> {}", limit.as_millis()), |d| format!("{:.2}", d.as_secs_f64() * 1e3))
 }
 
 /// Every survivor decided, the same set, and that set is the failed ranks.
