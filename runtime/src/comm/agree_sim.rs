@@ -1,7 +1,8 @@
 //! A deterministic simulation of the agreement protocol with thousands of virtual ranks: every
 //! message goes through per-link FIFO queues delivered in random order, failures are noticed by
 //! each survivor at a random moment, and a coordinator may crash part-way through its sends.
-//! Used by tests (safety at many seeds) and by `benches` (cost at 1,024 and 4,096 ranks).
+//! Used by tests (safety at many seeds); `comm::sim` runs the same state machine together with
+//! failure detection, in simulated time, for the cost at scale (`hccn-agree-sim`).
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};

@@ -11,6 +11,8 @@ mod linkcost;
 mod membership;
 mod precheck;
 mod shrink;
+#[cfg(any(test, feature = "test-support"))]
+pub mod sim;
 mod typed;
 pub(crate) mod view;
 // What the algorithm selection would do, for tools.

@@ -93,6 +93,12 @@ pub(crate) fn watched(me: u32, live: impl Iterator<Item = u32>, k: usize) -> Has
     let mut ring: Vec<u32> = live.chain([me]).collect();
     ring.sort_unstable();
     ring.dedup();
+    watched_in_ring(me, &ring, k)
+}
+
+/// [`watched`] over a ring already made: `ring` holds the live world ranks and `me`, ascending,
+/// each once (the simulation of detection at thousands of ranks makes it once for all ranks).
+pub(crate) fn watched_in_ring(me: u32, ring: &[u32], k: usize) -> HashSet<u32> {
     let n = ring.len();
     let at = ring.binary_search(&me).unwrap_or(0);
     let reach = k.min(n / 2);
