@@ -16,9 +16,11 @@ rank, as torchrun sets it) and measures, as PyTorch's documentation writes such 
 - the same step without communication, two ways: the plain model (no DDP), and DDP with a comm
   hook that communicates nothing (DDP's own bucket copies and hooks stay); both ranks compute at
   once, the three kinds of steps run in rotation; the overhead is the DDP step minus each;
-- the main thread's CPU time per step of each kind (what DDP itself adds: bucket copies, hooks),
-  and the CPU time that the other threads used per DDP step (``/proc/self/task/*/schedstat``):
-  the communication's own cost, which shows whether waits spin.
+- the main thread's CPU time per step of each kind (what DDP itself adds: bucket copies, hooks)
+  and how often it was preempted (involuntary context switches: other work on the cores), and
+  the CPU time that the other threads used per DDP step and per no-op-hook step
+  (``/proc/self/task/*/schedstat``): the communication's own cost, which shows whether waits
+  spin (a backend thread that burns CPU in steps without communication spins while idle).
 
 The numbers move with the machine's load (other work on the 2 cores): run it on a quiet machine,
 and more than once.
@@ -53,6 +55,15 @@ def thread_cpu_ns():
             continue
         out[int(tid)] = (name, ns)
     return out
+
+
+def involuntary_switches():
+    """The calling thread's involuntary context switches so far (preemptions by other work)."""
+    with open("/proc/thread-self/status") as f:
+        for line in f:
+            if line.startswith("nonvoluntary_ctxt_switches:"):
+                return int(line.split(":")[1])
+    return 0
 
 
 def other_threads_ns(before, after):
@@ -163,23 +174,32 @@ def worker(backend, quick, out_path):
     dist.barrier()
     wall = {k: [] for k in kinds}
     cpu = {k: [] for k in kinds}
-    others = {}
+    others = {k: {} for k in kinds}
+    preempted = {k: [] for k in kinds}
     for _ in range(steps):
         for kind in kinds:
-            before = thread_cpu_ns() if kind == "ddp" else None
+            before = thread_cpu_ns()
+            s0 = involuntary_switches()
             t0, c0 = time.perf_counter(), time.thread_time()
             step(kind)
             wall[kind].append(time.perf_counter() - t0)
             cpu[kind].append(time.thread_time() - c0)
-            if before is not None:
-                for k, v in other_threads_ns(before, thread_cpu_ns()).items():
-                    others[k] = others.get(k, 0) + v
+            preempted[kind].append(involuntary_switches() - s0)
+            for k, v in other_threads_ns(before, thread_cpu_ns()).items():
+                others[kind][k] = others[kind].get(k, 0) + v
     for kind in kinds:
         res[f"{kind}_step_ms"] = statistics.median(wall[kind]) * 1e3
         res[f"main_cpu_{kind}_ms"] = statistics.median(cpu[kind]) * 1e3
+        # How often the main thread was preempted per step (other work on the cores).
+        res[f"main_preempted_{kind}"] = statistics.median(preempted[kind])
     res["ddp_overhead_ms"] = res["ddp_step_ms"] - res["plain_step_ms"]
     res["ddp_comm_overhead_ms"] = res["ddp_step_ms"] - res["ddp_nocomm_step_ms"]
-    res["other_threads_cpu_ms_per_step"] = {k: v / steps / 1e6 for k, v in others.items() if v > 0}
+    res["other_threads_cpu_ms_per_step"] = {k: v / steps / 1e6 for k, v in others["ddp"].items() if v > 0}
+    # The same for the steps without communication: a backend thread that spins between
+    # operations shows here.
+    res["other_threads_cpu_ms_per_nocomm_step"] = {
+        k: v / steps / 1e6 for k, v in others["ddp_nocomm"].items() if v > 0
+    }
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(res, f)
@@ -212,12 +232,16 @@ def table(results):
         ("DDP overhead over the plain model (ms)", "ddp_overhead_ms", "{:.1f}"),
         ("DDP overhead over the no-op hook (ms)", "ddp_comm_overhead_ms", "{:.1f}"),
         ("main thread CPU: plain / no-op / DDP (ms)", None, None),
+        ("main thread preempted per step: same", "preempted", None),
     ]
     names = [r["backend"] for r in results]
     print(f"{'':40s}" + "".join(f"{n:>12s}" for n in names))
     for label, key, fmt in rows:
         if key == "own":
             cells = [f"{r['ar64m_own_ms']:.1f}/{r['ar64m_own_cpu_ms']:.1f}" if "ar64m_own_ms" in r else "-" for r in results]
+        elif key == "preempted":
+            kinds = ("plain", "ddp_nocomm", "ddp")
+            cells = ["/".join(f"{r[f'main_preempted_{k}']:.0f}" for k in kinds) for r in results]
         elif key is None:
             cells = [f"{r['main_cpu_plain_ms']:.0f}/{r['main_cpu_ddp_nocomm_ms']:.0f}/{r['main_cpu_ddp_ms']:.0f}" for r in results]
         else:
@@ -225,7 +249,9 @@ def table(results):
         print(f"{label:40s}" + "".join(f"{c:>12s}" for c in cells))
     for r in results:
         print(f"{r['backend']}: other threads' CPU per DDP step (ms): "
-              + ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["other_threads_cpu_ms_per_step"].items())))
+              + ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["other_threads_cpu_ms_per_step"].items()))
+              + "; per no-op-hook step: "
+              + ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["other_threads_cpu_ms_per_nocomm_step"].items())))
     by = {r["backend"]: r for r in results}
     h, g = by.get("hccn"), by.get("gloo")
     if h:

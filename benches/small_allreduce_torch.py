@@ -7,7 +7,10 @@ Rank 0 prints the median over 5 rounds of 20,000 calls of each layer, from the o
 ``dist.all_reduce`` (torch's Python function), ``ProcessGroup.allreduce`` called from Python
 (pybind11, torch's dispatcher, the c10d op, its pre/post hooks, then the backend),
 ``Backend.allreduce`` called from Python (pybind11 straight to the backend: no dispatcher, no
-hooks), and torch's own cost of a trivial tensor op (``t.add_(0)``) for scale.
+hooks), and torch's own cost of a trivial tensor op (``t.add_(0)``) for scale; with each, the
+calling thread's context switches per call. About 0.5 voluntary switches per call is the slow
+mode of a 2-rank loop: one rank's wait outlasts hccn's spin (20 us) and sleeps, its wake-up
+takes longer than the other's spin, and the two keep waking each other (~45 us more per call).
 
 ``--backend null`` is a backend that does nothing (benches/torch_floor/null_backend.cpp, built
 into target/torch-floor on first use, measurement only): its figures are what torch's own layers
@@ -45,17 +48,31 @@ def register_null():
     dist.Backend.register_backend("null", create, extended_api=True, devices=["cpu"])
 
 
+def switches():
+    """This thread's context switches so far: (voluntary, involuntary)."""
+    with open("/proc/thread-self/status") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return int(fields["voluntary_ctxt_switches"]), int(fields["nonvoluntary_ctxt_switches"])
+
+
 def timed(call, n=20000, rounds=5):
+    """Median µs per call over `rounds` rounds of `n` calls, the rounds, and the calling thread's
+    voluntary and involuntary context switches per call (median over the rounds): a wait that
+    sleeps (futex) shows as a voluntary one, a thread preempted by other work as an involuntary one."""
     for _ in range(n // 4):
         call()
-    res = []
+    res, vol, invol = [], [], []
     for _ in range(rounds):
         dist.barrier()
+        v0, i0 = switches()
         t0 = time.perf_counter()
         for _ in range(n):
             call()
         res.append((time.perf_counter() - t0) / n * 1e6)
-    return statistics.median(res), res
+        v1, i1 = switches()
+        vol.append((v1 - v0) / n)
+        invol.append((i1 - i0) / n)
+    return statistics.median(res), res, statistics.median(vol), statistics.median(invol)
 
 
 def main():
@@ -93,9 +110,9 @@ def main():
     if dist.get_rank() == 0:
         fr = os.environ.get("TORCH_FR_BUFFER_SIZE", "torch's default (on)")
         print(f"backend {a.backend}; FlightRecorder buffer: {fr}; load average {os.getloadavg()[0]:.1f}")
-        for what, (us, rounds) in rows:
+        for what, (us, rounds, vol, invol) in rows:
             spread = "/".join(f"{r:.1f}" for r in sorted(rounds))
-            print(f"  {what:38s} {us:7.2f} us   (rounds {spread})")
+            print(f"  {what:38s} {us:7.2f} us   (rounds {spread})   switches/call: {vol:.2f} vol, {invol:.2f} invol")
     dist.destroy_process_group()
 
 
