@@ -16,6 +16,9 @@ rank, as torchrun sets it) and measures, as PyTorch's documentation writes such 
 - the same step without communication, two ways: the plain model (no DDP), and DDP with a comm
   hook that communicates nothing (DDP's own bucket copies and hooks stay); both ranks compute at
   once, the three kinds of steps run in rotation; the overhead is the DDP step minus each;
+- the bare 64 MiB ``dist.all_reduce`` once more, in the same rotation as the steps: the target's
+  ratio divides by this one, taken under the same load as the steps (the machine's load moves
+  the step times by tens of percent within a minute);
 - the main thread's CPU time per step of each kind (what DDP itself adds: bucket copies, hooks)
   and how often it was preempted (involuntary context switches: other work on the cores), and
   the CPU time that the other threads used per DDP step and per no-op-hook step
@@ -176,7 +179,14 @@ def worker(backend, quick, out_path):
     cpu = {k: [] for k in kinds}
     others = {k: {} for k in kinds}
     preempted = {k: [] for k in kinds}
+    # The bare 64 MiB all_reduce once more, in the same rotation: the targets' ratios compare
+    # figures taken under the same load (the one above can be minutes apart from the steps).
+    zeros = torch.zeros(16 << 20)
+    bare = []
     for _ in range(steps):
+        t0 = time.perf_counter()
+        dist.all_reduce(zeros)
+        bare.append(time.perf_counter() - t0)
         for kind in kinds:
             before = thread_cpu_ns()
             s0 = involuntary_switches()
@@ -192,6 +202,7 @@ def worker(backend, quick, out_path):
         res[f"main_cpu_{kind}_ms"] = statistics.median(cpu[kind]) * 1e3
         # How often the main thread was preempted per step (other work on the cores).
         res[f"main_preempted_{kind}"] = statistics.median(preempted[kind])
+    res["ar64m_rotation_ms"] = statistics.median(bare) * 1e3
     res["ddp_overhead_ms"] = res["ddp_step_ms"] - res["plain_step_ms"]
     res["ddp_comm_overhead_ms"] = res["ddp_step_ms"] - res["ddp_nocomm_step_ms"]
     res["other_threads_cpu_ms_per_step"] = {k: v / steps / 1e6 for k, v in others["ddp"].items() if v > 0}
@@ -225,6 +236,7 @@ def table(results):
     rows = [
         ("dist.all_reduce 4 B (us)", "ar4_us", "{:.1f}"),
         ("dist.all_reduce 64 MiB (ms)", "ar64m_ms", "{:.1f}"),
+        ("  the same among the steps below (ms)", "ar64m_rotation_ms", "{:.1f}"),
         ("  the same in backend memory: wall / CPU", "own", None),
         ("DDP step (ms)", "ddp_step_ms", "{:.1f}"),
         ("step of the plain model (ms)", "plain_step_ms", "{:.1f}"),
@@ -258,8 +270,8 @@ def table(results):
         ok = h["ar4_us"] <= 5
         print(f"target all_reduce 4 B <= 5 us: {h['ar4_us']:.1f} us  {'MET' if ok else 'MISSED'}")
         for what, key in (("the plain model", "ddp_overhead_ms"), ("the no-op hook", "ddp_comm_overhead_ms")):
-            ratio = h[key] / h["ar64m_ms"]
-            print(f"target DDP overhead (over {what}) <= 1.3 x bare 64 MiB all_reduce: {ratio:.2f} x  "
+            ratio = h[key] / h["ar64m_rotation_ms"]
+            print(f"target DDP overhead (over {what}) <= 1.3 x bare 64 MiB all_reduce (among the steps): {ratio:.2f} x  "
                   f"{'MET' if ratio <= 1.3 else 'MISSED'}")
     if h and g:
         ratio = h["ddp_step_ms"] / g["ddp_step_ms"]
