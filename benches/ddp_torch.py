@@ -21,9 +21,10 @@ rank, as torchrun sets it) and measures, as PyTorch's documentation writes such 
   the step times by tens of percent within a minute);
 - the main thread's CPU time per step of each kind (what DDP itself adds: bucket copies, hooks)
   and how often it was preempted (involuntary context switches: other work on the cores), and
-  the CPU time that the other threads used per DDP step and per no-op-hook step
-  (``/proc/self/task/*/schedstat``): the communication's own cost, which shows whether waits
-  spin (a backend thread that burns CPU in steps without communication spins while idle).
+  the CPU time that the other threads used per DDP step and per no-op-hook step, and how often
+  they ran per DDP step (``/proc/self/task/*/schedstat``): the communication's own cost, which
+  shows whether waits spin (a backend thread that burns CPU in steps without communication spins
+  while idle), and how often a backend thread's wake-up may take the core from autograd.
 
 The numbers move with the machine's load (other work on the 2 cores): run it on a quiet machine,
 and more than once.
@@ -45,18 +46,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def thread_cpu_ns():
-    """{tid: (name, cpu ns)} for every thread of this process."""
+    """{tid: (name, cpu ns, times scheduled in)} for every thread of this process."""
     out = {}
     base = "/proc/self/task"
     for tid in os.listdir(base):
         try:
             with open(f"{base}/{tid}/schedstat") as f:
-                ns = int(f.read().split()[0])
+                fields = f.read().split()
+            ns, runs = int(fields[0]), int(fields[2])
             with open(f"{base}/{tid}/comm") as f:
                 name = f.read().strip()
         except OSError:
             continue
-        out[int(tid)] = (name, ns)
+        out[int(tid)] = (name, ns, runs)
     return out
 
 
@@ -69,14 +71,15 @@ def involuntary_switches():
     return 0
 
 
-def other_threads_ns(before, after):
+def other_threads_ns(before, after, field=1):
+    """{thread name: CPU ns} (field 2: times scheduled in) the other threads used in between."""
     main = os.getpid()
     by_name = {}
-    for tid, (name, ns) in after.items():
+    for tid, row in after.items():
         if tid == main:
             continue
-        d = ns - before.get(tid, (name, 0))[1]
-        by_name[name] = by_name.get(name, 0) + d
+        d = row[field] - before.get(tid, (row[0], 0, 0))[field]
+        by_name[row[0]] = by_name.get(row[0], 0) + d
     return by_name
 
 
@@ -178,6 +181,7 @@ def worker(backend, quick, out_path):
     wall = {k: [] for k in kinds}
     cpu = {k: [] for k in kinds}
     others = {k: {} for k in kinds}
+    wakeups = {}
     preempted = {k: [] for k in kinds}
     # The bare 64 MiB all_reduce once more, in the same rotation: the targets' ratios compare
     # figures taken under the same load (the one above can be minutes apart from the steps).
@@ -195,8 +199,12 @@ def worker(backend, quick, out_path):
             wall[kind].append(time.perf_counter() - t0)
             cpu[kind].append(time.thread_time() - c0)
             preempted[kind].append(involuntary_switches() - s0)
-            for k, v in other_threads_ns(before, thread_cpu_ns()).items():
+            after = thread_cpu_ns()
+            for k, v in other_threads_ns(before, after).items():
                 others[kind][k] = others[kind].get(k, 0) + v
+            if kind == "ddp":
+                for k, v in other_threads_ns(before, after, 2).items():
+                    wakeups[k] = wakeups.get(k, 0) + v
     for kind in kinds:
         res[f"{kind}_step_ms"] = statistics.median(wall[kind]) * 1e3
         res[f"main_cpu_{kind}_ms"] = statistics.median(cpu[kind]) * 1e3
@@ -206,6 +214,8 @@ def worker(backend, quick, out_path):
     res["ddp_overhead_ms"] = res["ddp_step_ms"] - res["plain_step_ms"]
     res["ddp_comm_overhead_ms"] = res["ddp_step_ms"] - res["ddp_nocomm_step_ms"]
     res["other_threads_cpu_ms_per_step"] = {k: v / steps / 1e6 for k, v in others["ddp"].items() if v > 0}
+    # How often each ran (was scheduled in) per DDP step: each time may preempt autograd.
+    res["other_threads_runs_per_step"] = {k: v / steps for k, v in wakeups.items() if v > 0}
     # The same for the steps without communication: a backend thread that spins between
     # operations shows here.
     res["other_threads_cpu_ms_per_nocomm_step"] = {
@@ -262,7 +272,9 @@ def table(results):
     for r in results:
         print(f"{r['backend']}: other threads' CPU per DDP step (ms): "
               + ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["other_threads_cpu_ms_per_step"].items()))
-              + "; per no-op-hook step: "
+              + "; runs per DDP step: "
+              + ", ".join(f"{k} {v:.0f}" for k, v in sorted(r["other_threads_runs_per_step"].items()))
+              + "; CPU per no-op-hook step: "
               + ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["other_threads_cpu_ms_per_nocomm_step"].items())))
     by = {r["backend"]: r for r in results}
     h, g = by.get("hccn"), by.get("gloo")
