@@ -16,9 +16,15 @@ rank, as torchrun sets it) and measures, as PyTorch's documentation writes such 
 - the same step without communication, two ways: the plain model (no DDP), and DDP with a comm
   hook that communicates nothing (DDP's own bucket copies and hooks stay); both ranks compute at
   once, the three kinds of steps run in rotation; the overhead is the DDP step minus each;
-- the main thread's CPU time per step of each kind (what DDP itself adds: bucket copies, hooks),
-  and the CPU time that the other threads used per DDP step (``/proc/self/task/*/schedstat``):
-  the communication's own cost, which shows whether waits spin.
+- the bare 64 MiB ``dist.all_reduce`` once more, in the same rotation as the steps: the target's
+  ratio divides by this one, taken under the same load as the steps (the machine's load moves
+  the step times by tens of percent within a minute);
+- the main thread's CPU time per step of each kind (what DDP itself adds: bucket copies, hooks)
+  and how often it was preempted (involuntary context switches: other work on the cores), and
+  the CPU time that the other threads used per DDP step and per no-op-hook step, and how often
+  they ran per DDP step (``/proc/self/task/*/schedstat``): the communication's own cost, which
+  shows whether waits spin (a backend thread that burns CPU in steps without communication spins
+  while idle), and how often a backend thread's wake-up may take the core from autograd.
 
 The numbers move with the machine's load (other work on the 2 cores): run it on a quiet machine,
 and more than once.
@@ -40,29 +46,40 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def thread_cpu_ns():
-    """{tid: (name, cpu ns)} for every thread of this process."""
+    """{tid: (name, cpu ns, times scheduled in)} for every thread of this process."""
     out = {}
     base = "/proc/self/task"
     for tid in os.listdir(base):
         try:
             with open(f"{base}/{tid}/schedstat") as f:
-                ns = int(f.read().split()[0])
+                fields = f.read().split()
+            ns, runs = int(fields[0]), int(fields[2])
             with open(f"{base}/{tid}/comm") as f:
                 name = f.read().strip()
         except OSError:
             continue
-        out[int(tid)] = (name, ns)
+        out[int(tid)] = (name, ns, runs)
     return out
 
 
-def other_threads_ns(before, after):
+def involuntary_switches():
+    """The calling thread's involuntary context switches so far (preemptions by other work)."""
+    with open("/proc/thread-self/status") as f:
+        for line in f:
+            if line.startswith("nonvoluntary_ctxt_switches:"):
+                return int(line.split(":")[1])
+    return 0
+
+
+def other_threads_ns(before, after, field=1):
+    """{thread name: CPU ns} (field 2: times scheduled in) the other threads used in between."""
     main = os.getpid()
     by_name = {}
-    for tid, (name, ns) in after.items():
+    for tid, row in after.items():
         if tid == main:
             continue
-        d = ns - before.get(tid, (name, 0))[1]
-        by_name[name] = by_name.get(name, 0) + d
+        d = row[field] - before.get(tid, (row[0], 0, 0))[field]
+        by_name[row[0]] = by_name.get(row[0], 0) + d
     return by_name
 
 
@@ -163,23 +180,47 @@ def worker(backend, quick, out_path):
     dist.barrier()
     wall = {k: [] for k in kinds}
     cpu = {k: [] for k in kinds}
-    others = {}
+    others = {k: {} for k in kinds}
+    wakeups = {}
+    preempted = {k: [] for k in kinds}
+    # The bare 64 MiB all_reduce once more, in the same rotation: the targets' ratios compare
+    # figures taken under the same load (the one above can be minutes apart from the steps).
+    zeros = torch.zeros(16 << 20)
+    bare = []
     for _ in range(steps):
+        t0 = time.perf_counter()
+        dist.all_reduce(zeros)
+        bare.append(time.perf_counter() - t0)
         for kind in kinds:
-            before = thread_cpu_ns() if kind == "ddp" else None
+            before = thread_cpu_ns()
+            s0 = involuntary_switches()
             t0, c0 = time.perf_counter(), time.thread_time()
             step(kind)
             wall[kind].append(time.perf_counter() - t0)
             cpu[kind].append(time.thread_time() - c0)
-            if before is not None:
-                for k, v in other_threads_ns(before, thread_cpu_ns()).items():
-                    others[k] = others.get(k, 0) + v
+            preempted[kind].append(involuntary_switches() - s0)
+            after = thread_cpu_ns()
+            for k, v in other_threads_ns(before, after).items():
+                others[kind][k] = others[kind].get(k, 0) + v
+            if kind == "ddp":
+                for k, v in other_threads_ns(before, after, 2).items():
+                    wakeups[k] = wakeups.get(k, 0) + v
     for kind in kinds:
         res[f"{kind}_step_ms"] = statistics.median(wall[kind]) * 1e3
         res[f"main_cpu_{kind}_ms"] = statistics.median(cpu[kind]) * 1e3
+        # How often the main thread was preempted per step (other work on the cores).
+        res[f"main_preempted_{kind}"] = statistics.median(preempted[kind])
+    res["ar64m_rotation_ms"] = statistics.median(bare) * 1e3
     res["ddp_overhead_ms"] = res["ddp_step_ms"] - res["plain_step_ms"]
     res["ddp_comm_overhead_ms"] = res["ddp_step_ms"] - res["ddp_nocomm_step_ms"]
-    res["other_threads_cpu_ms_per_step"] = {k: v / steps / 1e6 for k, v in others.items() if v > 0}
+    res["other_threads_cpu_ms_per_step"] = {k: v / steps / 1e6 for k, v in others["ddp"].items() if v > 0}
+    # How often each ran (was scheduled in) per DDP step: each time may preempt autograd.
+    res["other_threads_runs_per_step"] = {k: v / steps for k, v in wakeups.items() if v > 0}
+    # The same for the steps without communication: a backend thread that spins between
+    # operations shows here.
+    res["other_threads_cpu_ms_per_nocomm_step"] = {
+        k: v / steps / 1e6 for k, v in others["ddp_nocomm"].items() if v > 0
+    }
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(res, f)
@@ -205,6 +246,7 @@ def table(results):
     rows = [
         ("dist.all_reduce 4 B (us)", "ar4_us", "{:.1f}"),
         ("dist.all_reduce 64 MiB (ms)", "ar64m_ms", "{:.1f}"),
+        ("  the same among the steps below (ms)", "ar64m_rotation_ms", "{:.1f}"),
         ("  the same in backend memory: wall / CPU", "own", None),
         ("DDP step (ms)", "ddp_step_ms", "{:.1f}"),
         ("step of the plain model (ms)", "plain_step_ms", "{:.1f}"),
@@ -212,12 +254,16 @@ def table(results):
         ("DDP overhead over the plain model (ms)", "ddp_overhead_ms", "{:.1f}"),
         ("DDP overhead over the no-op hook (ms)", "ddp_comm_overhead_ms", "{:.1f}"),
         ("main thread CPU: plain / no-op / DDP (ms)", None, None),
+        ("main thread preempted per step: same", "preempted", None),
     ]
     names = [r["backend"] for r in results]
     print(f"{'':40s}" + "".join(f"{n:>12s}" for n in names))
     for label, key, fmt in rows:
         if key == "own":
             cells = [f"{r['ar64m_own_ms']:.1f}/{r['ar64m_own_cpu_ms']:.1f}" if "ar64m_own_ms" in r else "-" for r in results]
+        elif key == "preempted":
+            kinds = ("plain", "ddp_nocomm", "ddp")
+            cells = ["/".join(f"{r[f'main_preempted_{k}']:.0f}" for k in kinds) for r in results]
         elif key is None:
             cells = [f"{r['main_cpu_plain_ms']:.0f}/{r['main_cpu_ddp_nocomm_ms']:.0f}/{r['main_cpu_ddp_ms']:.0f}" for r in results]
         else:
@@ -225,15 +271,19 @@ def table(results):
         print(f"{label:40s}" + "".join(f"{c:>12s}" for c in cells))
     for r in results:
         print(f"{r['backend']}: other threads' CPU per DDP step (ms): "
-              + ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["other_threads_cpu_ms_per_step"].items())))
+              + ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["other_threads_cpu_ms_per_step"].items()))
+              + "; runs per DDP step: "
+              + ", ".join(f"{k} {v:.0f}" for k, v in sorted(r["other_threads_runs_per_step"].items()))
+              + "; CPU per no-op-hook step: "
+              + ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["other_threads_cpu_ms_per_nocomm_step"].items())))
     by = {r["backend"]: r for r in results}
     h, g = by.get("hccn"), by.get("gloo")
     if h:
         ok = h["ar4_us"] <= 5
         print(f"target all_reduce 4 B <= 5 us: {h['ar4_us']:.1f} us  {'MET' if ok else 'MISSED'}")
         for what, key in (("the plain model", "ddp_overhead_ms"), ("the no-op hook", "ddp_comm_overhead_ms")):
-            ratio = h[key] / h["ar64m_ms"]
-            print(f"target DDP overhead (over {what}) <= 1.3 x bare 64 MiB all_reduce: {ratio:.2f} x  "
+            ratio = h[key] / h["ar64m_rotation_ms"]
+            print(f"target DDP overhead (over {what}) <= 1.3 x bare 64 MiB all_reduce (among the steps): {ratio:.2f} x  "
                   f"{'MET' if ratio <= 1.3 else 'MISSED'}")
     if h and g:
         ratio = h["ddp_step_ms"] / g["ddp_step_ms"]

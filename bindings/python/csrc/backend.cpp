@@ -92,8 +92,7 @@ void ProcessGroupHCCN::check_open() const {
   if (closed_) invalid("the process group was shut down");
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupHCCN::run(c10::intrusive_ptr<WorkHCCN> work, bool async,
-                                                     const Issue& issue) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCN::run(c10::intrusive_ptr<WorkHCCN> work, bool async, Issue issue) {
   drop_retired();
   std::lock_guard<std::mutex> g(submit_mutex_);
   check_open();
@@ -117,8 +116,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCN::run(c10::intrusive_ptr<WorkHCCN
   return {};
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCN::run_direct(c10d::OpType type, const std::vector<at::Tensor>& outputs,
+                                                            bool async, Issue issue) {
+  drop_retired();
+  std::lock_guard<std::mutex> g(submit_mutex_);
+  check_open();
+  seq_++;
+  if (async || pending_.load(std::memory_order_acquire) != 0)
+    return enqueue_locked(main_stream(), make_work(type, outputs), issue);
+  issue(nullptr);
+  return {};
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCN::enqueue_on(int recv_from, c10::intrusive_ptr<WorkHCCN> work,
-                                                            const Issue& issue) {
+                                                            Issue issue) {
   drop_retired();
   std::lock_guard<std::mutex> g(submit_mutex_);
   check_open();
@@ -127,7 +138,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCN::enqueue_on(int recv_from, c10::
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCN::enqueue_locked(hccn_stream* stream, c10::intrusive_ptr<WorkHCCN> work,
-                                                                const Issue& issue) {
+                                                                Issue issue) {
   pending_.fetch_add(1, std::memory_order_acq_rel);
   auto done = std::make_unique<Completion>(Completion{work, this, nullptr});
   try {
@@ -179,13 +190,15 @@ void ProcessGroupHCCN::on_done(hccn_result status, void* completion) noexcept {
   }
   std::lock_guard<std::mutex> g(group->retired_mutex_);
   group->retired_.push_back(std::move(done->work));
+  group->any_retired_.store(true, std::memory_order_release);
 }
 
 void ProcessGroupHCCN::drop_retired() {
+  if (!any_retired_.load(std::memory_order_acquire)) return;
   std::vector<c10::intrusive_ptr<WorkHCCN>> old;
   {
     std::lock_guard<std::mutex> g(retired_mutex_);
-    if (retired_.empty()) return;
+    any_retired_.store(false, std::memory_order_relaxed);
     old.swap(retired_);
   }
   // Destroyed here, on the caller's thread.

@@ -5,7 +5,8 @@
 // - Synchronously on the caller's thread (stream NULL) when the caller waits at once
 //   (opts.asyncOp is false: dist.all_reduce(t) without async_op) and nothing of this group is
 //   queued: no thread hand-off, and no Work (null, which c10d allows for an operation the
-//   backend completed itself).
+//   backend completed itself). An operation on tensors hccn takes as they are (run_direct) does
+//   not even make one: no allocation, no std::function, one uncontended lock.
 // - Otherwise queued on the group's hccn stream, followed by hccn_stream_add_callback: the
 //   stream's thread completes the Work and its future when the operation is done. No thread per
 //   operation; wait() sleeps on a condition variable. While the stream's thread waits for peers,
@@ -19,6 +20,8 @@
 #include "work.h"
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <c10/util/FunctionRef.h>
 
 #include <atomic>
 #include <deque>
@@ -123,18 +126,23 @@ class ProcessGroupHCCN : public c10d::Backend {
   void synchronize();
 
  private:
-  using Issue = std::function<void(hccn_stream*)>;
+  // The hccn calls of one operation, on a stream (NULL: run them here). Called before the
+  // function it is given to returns, never kept.
+  using Issue = c10::function_ref<void(hccn_stream*)>;
   friend struct Completion;
 
   c10::intrusive_ptr<WorkHCCN> make_work(c10d::OpType type, std::vector<at::Tensor> outputs);
   // Runs `issue` now on this thread (stream NULL) when the caller waits at once and nothing is
   // queued (and returns no Work), else queues it on the group's stream.
-  c10::intrusive_ptr<c10d::Work> run(c10::intrusive_ptr<WorkHCCN> work, bool async, const Issue& issue);
+  c10::intrusive_ptr<c10d::Work> run(c10::intrusive_ptr<WorkHCCN> work, bool async, Issue issue);
+  // As run() for an operation that needs nothing of a Work but its outputs (no staging copies,
+  // no host step): the Work is made only when the operation is queued.
+  c10::intrusive_ptr<c10d::Work> run_direct(c10d::OpType type, const std::vector<at::Tensor>& outputs, bool async,
+                                            Issue issue);
   // Queues `issue` on the group's stream, or on the receive stream of `recv_from` (>= 0).
-  c10::intrusive_ptr<c10d::Work> enqueue_on(int recv_from, c10::intrusive_ptr<WorkHCCN> work, const Issue& issue);
+  c10::intrusive_ptr<c10d::Work> enqueue_on(int recv_from, c10::intrusive_ptr<WorkHCCN> work, Issue issue);
   // Queues `issue` on `stream`, then the callback that completes `work`; submit_mutex_ is held.
-  c10::intrusive_ptr<c10d::Work> enqueue_locked(hccn_stream* stream, c10::intrusive_ptr<WorkHCCN> work,
-                                                const Issue& issue);
+  c10::intrusive_ptr<c10d::Work> enqueue_locked(hccn_stream* stream, c10::intrusive_ptr<WorkHCCN> work, Issue issue);
   static void on_done(hccn_result status, void* completion) noexcept;
   hccn_stream* main_stream();
   hccn_stream* recv_stream(int src);
@@ -167,6 +175,7 @@ class ProcessGroupHCCN : public c10d::Backend {
   // wait for the GIL. The caller's thread drops them at its next operation or at shutdown.
   std::mutex retired_mutex_;
   std::vector<c10::intrusive_ptr<WorkHCCN>> retired_;
+  std::atomic<bool> any_retired_{false};  // retired_ is not empty (read without the lock)
   // Messages that arrived before the receive of their tag: [source][tag], in arrival order.
   // Each source's entry is touched only by that source's receive stream.
   std::vector<std::unordered_map<int64_t, std::deque<std::vector<uint8_t>>>> stash_;

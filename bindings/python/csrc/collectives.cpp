@@ -51,12 +51,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCN::allreduce(std::vector<at::Tenso
   const hccn_datatype dt = datatype_of(t);
   const hccn_reduce_op op = reduce_op(opts.reduceOp, t);
   at::Tensor d = dense(t);
-  auto work = make_work(OpType::ALLREDUCE, tensors);
-  work->finish = copy_back(d, t);
-  if (is_staged(d, t)) work->keep.push_back(d);
   void* p = d.data_ptr();
   const uint64_t n = count_of(d);
-  return run(work, opts.asyncOp, [&](hccn_stream* s) { check(api().hccn_allreduce(p, p, n, dt, op, comm_, s), comm_); });
+  auto issue = [&](hccn_stream* s) { check(api().hccn_allreduce(p, p, n, dt, op, comm_, s), comm_); };
+  if (!is_staged(d, t)) return run_direct(OpType::ALLREDUCE, tensors, opts.asyncOp, issue);
+  auto work = make_work(OpType::ALLREDUCE, tensors);
+  work->finish = copy_back(d, t);
+  work->keep.push_back(d);
+  return run(work, opts.asyncOp, issue);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCN::allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -90,13 +92,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCN::broadcast(std::vector<at::Tenso
   check_peer(int(opts.rootRank), "broadcast: root");
   const hccn_datatype dt = datatype_of(t);
   at::Tensor d = dense(t);
-  auto work = make_work(OpType::BROADCAST, tensors);
-  work->finish = copy_back(d, t);
-  if (is_staged(d, t)) work->keep.push_back(d);
   void* p = d.data_ptr();
   const uint64_t n = count_of(d);
   const uint32_t root = uint32_t(opts.rootRank);
-  return run(work, opts.asyncOp, [&](hccn_stream* s) { check(api().hccn_broadcast(p, n, dt, root, comm_, s), comm_); });
+  auto issue = [&](hccn_stream* s) { check(api().hccn_broadcast(p, n, dt, root, comm_, s), comm_); };
+  if (!is_staged(d, t)) return run_direct(OpType::BROADCAST, tensors, opts.asyncOp, issue);
+  auto work = make_work(OpType::BROADCAST, tensors);
+  work->finish = copy_back(d, t);
+  work->keep.push_back(d);
+  return run(work, opts.asyncOp, issue);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCN::reduce(std::vector<at::Tensor>& tensors,
@@ -106,19 +110,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCN::reduce(std::vector<at::Tensor>&
   const hccn_datatype dt = datatype_of(t);
   const hccn_reduce_op op = reduce_op(opts.reduceOp, t);
   at::Tensor d = dense(t);
-  auto work = make_work(OpType::REDUCE, tensors);
-  work->finish = copy_back(d, t);
-  if (is_staged(d, t)) work->keep.push_back(d);
   void* p = d.data_ptr();
   const uint64_t n = count_of(d);
   const uint32_t root = uint32_t(opts.rootRank);
-  return run(work, opts.asyncOp,
-             [&](hccn_stream* s) { check(api().hccn_reduce(p, p, n, dt, op, root, comm_, s), comm_); });
+  auto issue = [&](hccn_stream* s) { check(api().hccn_reduce(p, p, n, dt, op, root, comm_, s), comm_); };
+  if (!is_staged(d, t)) return run_direct(OpType::REDUCE, tensors, opts.asyncOp, issue);
+  auto work = make_work(OpType::REDUCE, tensors);
+  work->finish = copy_back(d, t);
+  work->keep.push_back(d);
+  return run(work, opts.asyncOp, issue);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCN::barrier(const c10d::BarrierOptions& opts) {
-  auto work = make_work(OpType::BARRIER, {});
-  return run(work, opts.asyncOp, [&](hccn_stream* s) { check(api().hccn_barrier(comm_, s), comm_); });
+  return run_direct(OpType::BARRIER, {}, opts.asyncOp,
+                    [&](hccn_stream* s) { check(api().hccn_barrier(comm_, s), comm_); });
 }
 
 // -- gathers ---------------------------------------------------------------------------------------
