@@ -5,7 +5,6 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hccn_runtime::rendezvous::{Store, TcpStore};
 use hccn_runtime::{Communicator, Config, DataType, Error, ErrorKind, LaunchEnv, Op, Ptr, ReduceOp, Result, UniqueId};
 
 use crate::api::{self, need, HcclComm, HcclCommConfig, HcclRootInfo, ROOT_INFO_BYTES};
@@ -129,27 +128,6 @@ fn root_over(backend: &HcclLibrary, native: &Communicator) -> Result<HcclRootInf
     parse_root(&buf)
 }
 
-/// Rank 0 of `native` makes a root info and publishes it under `key` in `store`.
-fn root_through_store(
-    backend: &HcclLibrary,
-    native: &Communicator,
-    store: &dyn Store,
-    key: &str,
-    cfg: &Config,
-) -> Result<HcclRootInfo> {
-    if native.rank() == 0 {
-        let bytes = make_root(backend);
-        store.set(key, &bytes)?;
-        parse_root(&bytes)
-    } else {
-        parse_root(&store.get(key, cfg.timeout).map_err(|e| e.context("waiting for rank 0's HCCL root info"))?)
-    }
-}
-
-fn store_key(native: &Communicator) -> String {
-    format!("hccl/root-info/{:016x}", native.id())
-}
-
 fn backend_for(cfg: &Config, local_rank: Option<u32>) -> Result<Arc<HcclLibrary>> {
     let mut cfg = cfg.clone();
     if cfg.device_id.is_none() {
@@ -159,26 +137,21 @@ fn backend_for(cfg: &Config, local_rank: Option<u32>) -> Result<Arc<HcclLibrary>
 }
 
 impl HcclCommunicator {
-    /// `hccn_init_from_env` on this backend. A new world exchanges rank 0's root info through
-    /// the job's store; a rank admitted into a rebuilt world gets it over the native side.
+    /// `hccn_init_from_env` on this backend. Rank 0's root info goes over the native side,
+    /// formed by then: no key in the job's store to outlive the job or be read by its next run.
     pub fn init_from_env(env: &LaunchEnv, cfg: &Config) -> Result<Self> {
         let backend = backend_for(cfg, Some(env.local_rank))?;
         let native = Communicator::init_from_env(env, cfg)?;
-        let root = if native.epoch() == 0 {
-            let store = env.store.connect(&env.job_token, cfg.timeout)?;
-            root_through_store(&backend, &native, store.as_ref(), &store_key(&native), cfg)?
-        } else {
-            root_over(&backend, &native)?
-        };
+        let root = root_over(&backend, &native)?;
         Self::with_root(backend, native, &root, cfg)
     }
 
-    /// `hccn_comm_init_rank` on this backend: the root info goes through the id's store.
+    /// `hccn_comm_init_rank` on this backend: the root info goes over the native side, as in
+    /// [`HcclCommunicator::init_from_env`] (the id's store is released once the world formed).
     pub fn init_rank(id: &UniqueId, nranks: u32, rank: u32, cfg: &Config) -> Result<Self> {
         let backend = backend_for(cfg, None)?;
         let native = Communicator::init_rank(id, nranks, rank, cfg)?;
-        let store = TcpStore::connect(id.store, &id.token, cfg.timeout)?;
-        let root = root_through_store(&backend, &native, &store, &store_key(&native), cfg)?;
+        let root = root_over(&backend, &native)?;
         Self::with_root(backend, native, &root, cfg)
     }
 
