@@ -149,7 +149,8 @@ fn connect_joiners(
     for (k, (_, addr)) in adm.joiners.iter().enumerate() {
         let peer = adm.survivors + k as u32;
         if peer > rank {
-            out.push((peer, bootstrap::connect_peer(parse_addr(addr)?, peer, adm.id, rank, adm.size(), token, cfg)?));
+            let addr = parse_addr(addr)?;
+            out.push((peer, bootstrap::connect_peer(&|| Ok(addr), peer, adm.id, rank, adm.size(), token, cfg)?));
         }
     }
     Ok(out)

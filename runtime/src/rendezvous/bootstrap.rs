@@ -35,8 +35,11 @@ pub(crate) fn parse_hello(h: &[u8; 16]) -> (u64, u32, u32) {
     (mesh, rank, size)
 }
 
+/// Connects to world rank `peer` at the address `resolve` gives, asked again before every retry
+/// (a store may still hold a previous run's address until the peer publishes its own), then
+/// authenticates and says who is calling.
 pub(crate) fn connect_peer(
-    addr: SocketAddr,
+    resolve: &dyn Fn() -> Result<SocketAddr>,
     peer: u32,
     mesh: u64,
     rank: u32,
@@ -46,6 +49,7 @@ pub(crate) fn connect_peer(
 ) -> Result<TcpStream> {
     let deadline = Instant::now() + cfg.timeout;
     let mut sock = loop {
+        let addr = resolve()?;
         match TcpStream::connect_timeout(&addr, cfg.timeout) {
             Ok(s) => break s,
             Err(e) if Instant::now() >= deadline => {
@@ -198,12 +202,12 @@ pub(crate) fn connect_mesh(
         let acceptor = s.spawn(|| accept_peers(&listener, mesh, rank + 1..size, size, token, cfg));
         let mut connected = Vec::new();
         for peer in 0..rank {
-            let raw = store.get(&format!("{prefix}/addr/{peer}"), cfg.timeout)?;
-            let text = String::from_utf8_lossy(&raw).into_owned();
-            let peer_addr: SocketAddr = text
-                .parse()
-                .map_err(|_| Error::new(ErrorKind::Store, format!("bad address {text:?} for rank {peer}")))?;
-            connected.push((peer, connect_peer(peer_addr, peer, mesh, rank, size, token, cfg)?));
+            let resolve = || {
+                let raw = store.get(&format!("{prefix}/addr/{peer}"), cfg.timeout)?;
+                let text = String::from_utf8_lossy(&raw).into_owned();
+                text.parse().map_err(|_| Error::new(ErrorKind::Store, format!("bad address {text:?} for rank {peer}")))
+            };
+            connected.push((peer, connect_peer(&resolve, peer, mesh, rank, size, token, cfg)?));
         }
         let accepted = acceptor.join().map_err(|_| Error::internal("accept thread panicked"))??;
         connected.extend(accepted);
@@ -256,7 +260,7 @@ mod tests {
             let acceptor = s.spawn(|| accept_peers(&listener, 77, 1..2, 2, token, &cfg));
             // Let the acceptor take the stalled connections first.
             std::thread::sleep(Duration::from_millis(200));
-            let member = connect_peer(addr, 0, 77, 1, 2, token, &cfg);
+            let member = connect_peer(&|| Ok(addr), 0, 77, 1, 2, token, &cfg);
             (acceptor.join().expect("acceptor"), member)
         });
         assert!(member.is_ok(), "member refused: {:?}", member.err());
@@ -274,13 +278,34 @@ mod tests {
         let got = std::thread::scope(|s| {
             let acceptor = s.spawn(|| accept_peers(&listener, 77, 1..2, 2, token, &cfg));
             // Right token, wrong mesh; then a rank outside the range; then the member.
-            let _a = connect_peer(addr, 0, 78, 1, 2, token, &cfg).expect("handshake passes");
-            let _b = connect_peer(addr, 0, 77, 5, 2, token, &cfg).expect("handshake passes");
-            let _c = connect_peer(addr, 0, 77, 1, 2, token, &cfg).expect("member");
+            let _a = connect_peer(&|| Ok(addr), 0, 78, 1, 2, token, &cfg).expect("handshake passes");
+            let _b = connect_peer(&|| Ok(addr), 0, 77, 5, 2, token, &cfg).expect("handshake passes");
+            let _c = connect_peer(&|| Ok(addr), 0, 77, 1, 2, token, &cfg).expect("member");
             acceptor.join().expect("acceptor")
         });
         let got = got.expect("accepted");
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].0, 1);
+    }
+
+    #[test]
+    fn a_stale_address_is_asked_for_again_until_the_peer_publishes_its_own() {
+        let cfg = Config { timeout: Duration::from_secs(4), ..Config::default() };
+        // A previous run's address: nobody listens there any more.
+        let stale = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("stale address");
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let live = listener.local_addr().expect("addr");
+        let asked = std::sync::atomic::AtomicU32::new(0);
+        // The store answers with the stale address three times, then with the peer's own.
+        let resolve = || Ok(if asked.fetch_add(1, Ordering::SeqCst) < 3 { stale } else { live });
+        let token = b"job token";
+        let got = std::thread::scope(|s| {
+            let acceptor = s.spawn(|| accept_peers(&listener, 77, 1..2, 2, token, &cfg));
+            let member = connect_peer(&resolve, 0, 77, 1, 2, token, &cfg);
+            assert!(member.is_ok(), "never reached the live address: {:?}", member.err());
+            acceptor.join().expect("acceptor")
+        });
+        assert_eq!(got.expect("accepted").len(), 1);
+        assert!(asked.load(Ordering::SeqCst) >= 4, "the address was not asked for again");
     }
 }

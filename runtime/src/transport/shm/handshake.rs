@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 
 use super::*;
 
-pub(super) const OFFER_MAGIC: u32 = 0x5348_4d32; // "SHM2": slot headers carry fingerprints
+pub(super) const OFFER_MAGIC: u32 = 0x5348_4d33; // "SHM3": the hello names its rank
 
 /// What the handshake learnt about one peer: its host, and the link if shared memory is set up.
 pub(crate) type Learnt = (HostId, Option<ShmPeer>);
@@ -34,7 +34,7 @@ pub(crate) fn handshake(
     for (peer, sock) in socks.iter_mut() {
         sock.set_read_timeout(Some(cfg.timeout)).map_err(hs_err(*peer, "timeout"))?;
     }
-    let hosts = exchange_hellos(socks, mine, cfg)?;
+    let hosts = exchange_hellos(socks, me, mine, cfg)?;
     let wanted: Vec<bool> = hosts.iter().map(|(host, allowed)| allowed.is_some_and(|a| a) && host == mine).collect();
     let mut links = exchange_segments(socks, &wanted, me, mesh)?;
     for (i, (peer, _)) in socks.iter().enumerate() {
@@ -54,23 +54,38 @@ pub(crate) fn handshake(
     Ok(hosts.into_iter().map(|(host, _)| host).zip(links).collect())
 }
 
-/// Phase 1: host ids and whether each side allows shared memory. Returns per peer its host and,
-/// when it is on this host and this side allows shared memory, whether the peer does.
-fn exchange_hellos(socks: &mut [(u32, TcpStream)], mine: &HostId, cfg: &Config) -> Result<Vec<(HostId, Option<bool>)>> {
+/// Phase 1: who each side is, host ids and whether each side allows shared memory. Returns per
+/// peer its host and, when it is on this host and this side allows shared memory, whether the
+/// peer does. The rank each side names must be the one the other meant to reach: an address read
+/// from a store may be stale (a previous run's), and its port taken since by another member.
+fn exchange_hellos(
+    socks: &mut [(u32, TcpStream)],
+    me: u32,
+    mine: &HostId,
+    cfg: &Config,
+) -> Result<Vec<(HostId, Option<bool>)>> {
     let allow = cfg.transport != Transport::Tcp;
-    let mut hello = [0u8; 37];
+    let mut hello = [0u8; 41];
     hello[0..4].copy_from_slice(&OFFER_MAGIC.to_le_bytes());
     hello[4..36].copy_from_slice(mine);
     hello[36] = allow as u8;
+    hello[37..41].copy_from_slice(&me.to_le_bytes());
     for (peer, sock) in socks.iter_mut() {
         sock.write_all(&hello).map_err(hs_err(*peer, "send"))?;
     }
     let mut hosts = Vec::with_capacity(socks.len());
     for (peer, sock) in socks.iter_mut() {
-        let mut theirs = [0u8; 37];
+        let mut theirs = [0u8; 41];
         sock.read_exact(&mut theirs).map_err(hs_err(*peer, "receive"))?;
         if theirs[0..4] != OFFER_MAGIC.to_le_bytes() {
             return Err(Error::new(ErrorKind::Connect, format!("world rank {peer} sent no shared-memory hello")));
+        }
+        let named = u32::from_le_bytes([theirs[37], theirs[38], theirs[39], theirs[40]]);
+        if named != *peer {
+            return Err(Error::new(
+                ErrorKind::Connect,
+                format!("the connection meant for world rank {peer} reached world rank {named} (a stale address?)"),
+            ));
         }
         let mut host = [0u8; 32];
         host.copy_from_slice(&theirs[4..36]);

@@ -299,3 +299,24 @@ fn a_sender_waiting_for_a_dead_reader_gets_an_error() {
     let e = tx.wait_sent(1, 0, &Inbox::default(), Duration::from_millis(50), &|_| None).err().map(|e| e.kind());
     assert_eq!(e, Some(ErrorKind::Timeout), "nobody reads: the deadline ends the wait");
 }
+
+#[test]
+fn a_connection_that_reached_another_rank_than_meant_is_refused() {
+    // Rank 0 dialled what it took for rank 2's address; rank 1 listens there now (a stale
+    // address whose port was taken again): rank 0 must refuse, not wire the mesh wrong.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let dialed = TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+    let (accepted, _) = listener.accept().expect("accept");
+    let host = host_id();
+    let cfg = Config { transport: Transport::Tcp, timeout: Duration::from_secs(10), ..Config::default() };
+    let (dialer, acceptor) = std::thread::scope(|s| {
+        let dialer = s.spawn(|| handshake(&mut [(2, dialed)], 0, 9, &host, &cfg).err());
+        let acceptor = s.spawn(|| handshake(&mut [(0, accepted)], 1, 9, &host, &cfg).err());
+        (dialer.join().expect("dialer"), acceptor.join().expect("acceptor"))
+    });
+    let dialer = dialer.expect("rank 0 refuses rank 1 in place of rank 2");
+    assert!(dialer.message().contains("meant for world rank 2 reached world rank 1"), "{dialer}");
+    // Rank 1 did get rank 0, as it expected: its side is sound, and rank 0's failed init is a
+    // failure it sees on that link.
+    assert!(acceptor.is_none(), "rank 1 refused the rank it expected: {acceptor:?}");
+}
