@@ -44,8 +44,18 @@ impl Lateness {
 /// How long a thread that becomes runnable now may wait for a core: the runnable threads beyond
 /// the cores (/proc/loadavg's fourth field), a slice each, shared among the cores.
 pub(crate) fn queue_wait() -> Duration {
-    let cores = std::thread::available_parallelism().map_or(1, |c| c.get() as u32);
-    std::fs::read_to_string("/proc/loadavg").map_or(Duration::ZERO, |text| queue_wait_in(&text, cores))
+    std::fs::read_to_string("/proc/loadavg").map_or(Duration::ZERO, |text| queue_wait_in(&text, host_cores()))
+}
+
+/// The host's online cores, read once. The run queue is the host's, so this is not the process's
+/// affinity (a rank bound to one core still shares a queue that every core serves).
+fn host_cores() -> u32 {
+    static CORES: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| {
+        // SAFETY: sysconf takes no pointers.
+        let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+        u32::try_from(online).ok().filter(|&n| n > 0).unwrap_or(1)
+    })
 }
 
 fn queue_wait_in(loadavg: &str, cores: u32) -> Duration {
