@@ -1,8 +1,19 @@
 //! How every waiter of the transport waits (shared-memory rings, the board, TCP readers
 //! standing aside): spin, then yield, then sleep on a futex in shared memory, woken by the other
 //! side or after a nap to look at health again. One policy for all.
+//!
+//! The policy follows what the waits meet. Spinning pays while the rank waited for is running:
+//! its write lands within the spin. On a host busy with other work it is not (it waits for a
+//! core), the spin runs out, the waiter sleeps, and its wake-up outlasts the other side's spin in
+//! turn: two ranks of a loop of small collectives keep putting each other to sleep, 30-60 µs a
+//! call instead of a few (the "slow mode" of bindings/python/csrc/README.md), and the spin itself
+//! holds a core that the awaited rank, or the framework's compute, needs. So each process
+//! remembers whether its recent waits outlasted the spin ([`Outlasted`]); while some did, its
+//! waiters yield instead of spinning (which runs whoever else wants the core, and keeps the
+//! waiter runnable, so it sees the write without a wake-up), and go back to spinning once waits
+//! end quickly again.
 
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a futex sleep lasts before the sleeper looks at health and the inbox again.
@@ -11,6 +22,39 @@ pub(crate) const NAP: Duration = Duration::from_millis(1);
 const SPIN: Duration = Duration::from_micros(20);
 /// How often a waiter yields before it sleeps, when the host's ranks outnumber its cores.
 const OVERSUBSCRIBED_YIELDS: u32 = 100;
+/// How often, and for how long at most, a waiter yields before it sleeps where spinning has been
+/// failing (see the module comment). A wait longer than that is for a rank that is not close
+/// (still computing, say), and a waiter that stays runnable takes turns from the compute on its
+/// core at every scheduler tick: it sleeps.
+const CONTENDED_YIELDS: u32 = 100;
+const CONTENDED_YIELD_FOR: Duration = Duration::from_micros(500);
+
+/// Whether this process's recent waits outlasted the spin: one bit per wait, the newest lowest,
+/// over the last [`OUTLASTED_WINDOW`] waits. Shared by the process's waiters, updated without a
+/// lock (an update lost to a race only delays the switch by a wait).
+static OUTLASTED: AtomicU32 = AtomicU32::new(0);
+const OUTLASTED_WINDOW: u32 = 16;
+/// Waits of the window that outlasted the spin from which waiters yield instead of spinning.
+const CONTENDED_FROM: u32 = 2;
+
+/// A record of recent waits (the process's is [`OUTLASTED`]).
+struct Outlasted<'a>(&'a AtomicU32);
+
+impl Outlasted<'_> {
+    fn contended(&self) -> bool {
+        self.0.load(Ordering::Relaxed).count_ones() >= CONTENDED_FROM
+    }
+
+    /// Notes how a wait ended. A quick wait with a clean record writes nothing: the steady
+    /// state of a quiet host costs a load.
+    fn note(&self, long: bool) {
+        let seen = self.0.load(Ordering::Relaxed);
+        if long || seen != 0 {
+            let window = (1u32 << OUTLASTED_WINDOW) - 1;
+            self.0.store(((seen << 1) | u32::from(long)) & window, Ordering::Relaxed);
+        }
+    }
+}
 
 pub(crate) fn futex_wait(word: &AtomicU32, seen: u32, timeout: Duration) {
     let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as _ };
@@ -33,6 +77,13 @@ pub(crate) struct Backoff<'a> {
     spin: Duration,
     yields: u32,
     spinning: bool,
+    /// Whether this wait adds to the process's record (see [`Outlasted`]): not where the host's
+    /// ranks outnumber its cores (they never spin).
+    learns: bool,
+    /// Whether this wait has outlasted [`SPIN`] (spinning or yielding): the record's bit.
+    outlasted: bool,
+    /// Whether this wait yields because spinning has been failing ([`CONTENDED_YIELDS`]).
+    contended: bool,
     /// Called after each yield (the rings' waiters say where they run and keep the ranks
     /// spread: `Shm::after_yield`).
     after_yield: Option<&'a dyn Yielded>,
@@ -45,14 +96,43 @@ pub(crate) trait Yielded {
 
 impl Backoff<'static> {
     pub(crate) fn new(w: Wait) -> Self {
-        Backoff { n: 0, start: None, spin: w.spin, yields: w.yields, spinning: !w.spin.is_zero(), after_yield: None }
+        let learns = !w.shares_cores();
+        let contended = learns && Outlasted(&OUTLASTED).contended();
+        let (spin, yields) = match contended {
+            true => (Duration::ZERO, CONTENDED_YIELDS),
+            false => (w.spin, w.yields),
+        };
+        Backoff {
+            n: 0,
+            start: None,
+            spin,
+            yields,
+            spinning: !spin.is_zero(),
+            learns,
+            outlasted: false,
+            contended,
+            after_yield: None,
+        }
     }
 }
 
 impl<'a> Backoff<'a> {
-    /// A backoff that calls `after_yield` after each yield.
+    /// A backoff that calls `after_yield` after each yield where the host's ranks outnumber
+    /// its cores (the rings' placement of ranks on cores).
     pub(crate) fn with_after_yield(w: Wait, after_yield: &'a dyn Yielded) -> Self {
-        Backoff { after_yield: Some(after_yield), ..Backoff::new(w) }
+        let after_yield = w.shares_cores().then_some(after_yield);
+        Backoff { after_yield, ..Backoff::new(w) }
+    }
+}
+
+impl Drop for Backoff<'_> {
+    fn drop(&mut self) {
+        if self.learns {
+            // A yielding wait reads the clock at its first yield; it outlasted the spin if it
+            // is still going a spin later.
+            let yielded_long = !self.outlasted && self.start.is_some_and(|s| s.elapsed() >= SPIN);
+            Outlasted(&OUTLASTED).note(self.outlasted || yielded_long);
+        }
     }
 }
 
@@ -76,10 +156,18 @@ impl Backoff<'_> {
                 return false;
             }
             self.spinning = false;
+            self.outlasted = true;
             self.n = 0;
         }
         self.n = self.n.saturating_add(1);
         if self.n <= self.yields {
+            if self.learns && self.start.is_none() {
+                self.start = Some(Instant::now());
+            }
+            if self.contended && self.start.is_some_and(|s| s.elapsed() >= CONTENDED_YIELD_FOR) {
+                self.n = self.yields + 1;
+                return true;
+            }
             std::thread::yield_now();
             if let Some(y) = self.after_yield {
                 y.yielded();
@@ -90,6 +178,9 @@ impl Backoff<'_> {
         }
     }
     pub(crate) fn reset(&mut self) {
+        if self.learns && !self.outlasted {
+            self.outlasted = self.start.is_some_and(|s| s.elapsed() >= SPIN);
+        }
         self.n = 0;
         self.start = None;
         self.spinning = !self.spin.is_zero();
@@ -120,5 +211,42 @@ impl Wait {
     /// The host's ranks outnumber its cores: waiters yield rather than spin.
     pub(crate) fn shares_cores(&self) -> bool {
         self.spin.is_zero()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waiters_yield_while_waits_outlast_the_spin_and_spin_again_once_they_do_not() {
+        let word = AtomicU32::new(0);
+        let record = Outlasted(&word);
+        assert!(!record.contended());
+        record.note(true);
+        assert!(!record.contended(), "one long wait (a preemption) changes nothing");
+        record.note(false);
+        record.note(true);
+        assert!(record.contended(), "two in the window: yield");
+        for _ in 0..OUTLASTED_WINDOW - 3 {
+            record.note(false);
+        }
+        assert!(record.contended(), "still within the window");
+        record.note(false);
+        assert!(!record.contended(), "a window of quick waits: spin again");
+        for _ in 0..3 {
+            record.note(false);
+        }
+        assert_eq!(word.load(Ordering::Relaxed), 0, "the record is clean again");
+    }
+
+    #[test]
+    fn ranks_that_outnumber_the_cores_keep_their_own_policy() {
+        let shared = Wait { spin: Duration::ZERO, yields: OVERSUBSCRIBED_YIELDS };
+        let b = Backoff::new(shared);
+        assert!(!b.learns && b.yields == OVERSUBSCRIBED_YIELDS && !b.spinning);
+        let own = Wait { spin: SPIN, yields: 0 };
+        let b = Backoff::new(own);
+        assert!(b.learns);
     }
 }
