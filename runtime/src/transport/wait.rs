@@ -10,8 +10,9 @@
 //! holds a core that the awaited rank, or the framework's compute, needs. So each process
 //! remembers whether its recent waits outlasted the spin ([`Outlasted`]); while some did, its
 //! waiters yield instead of spinning (which runs whoever else wants the core, and keeps the
-//! waiter runnable, so it sees the write without a wake-up), and go back to spinning once waits
-//! end quickly again.
+//! waiter runnable, so it sees the write without a wake-up). Every 16th of those waits spins
+//! all the same, and one that ends within the spin clears the record: the host is quiet again,
+//! and there a yield costs more than the spin it replaces.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -36,6 +37,9 @@ static OUTLASTED: AtomicU32 = AtomicU32::new(0);
 const OUTLASTED_WINDOW: u32 = 16;
 /// Waits of the window that outlasted the spin from which waiters yield instead of spinning.
 const CONTENDED_FROM: u32 = 2;
+/// One in this many waits of a contended process spins all the same ([`Outlasted::probe_due`]).
+const PROBE_EVERY: u32 = 16;
+static CONTENDED_WAITS: AtomicU32 = AtomicU32::new(0);
 
 /// A record of recent waits (the process's is [`OUTLASTED`]).
 struct Outlasted<'a>(&'a AtomicU32);
@@ -45,11 +49,21 @@ impl Outlasted<'_> {
         self.0.load(Ordering::Relaxed).count_ones() >= CONTENDED_FROM
     }
 
-    /// Notes how a wait ended. A quick wait with a clean record writes nothing: the steady
-    /// state of a quiet host costs a load.
-    fn note(&self, long: bool) {
+    /// Whether a wait of a contended process should spin all the same, to see whether spinning
+    /// works again: every [`PROBE_EVERY`]th. Yielding cannot tell: where a yield costs more than
+    /// a spin (a few µs each in a virtual machine) yielding waits outlast the spin themselves.
+    fn probe_due(&self) -> bool {
+        CONTENDED_WAITS.fetch_add(1, Ordering::Relaxed).is_multiple_of(PROBE_EVERY)
+    }
+
+    /// Notes how a wait ended (`probe`: a wait that spun although the record said to yield; if
+    /// it ended within the spin, the record is cleared). A quick wait with a clean record writes
+    /// nothing: the steady state of a quiet host costs a load.
+    fn note(&self, long: bool, probe: bool) {
         let seen = self.0.load(Ordering::Relaxed);
-        if long || seen != 0 {
+        if probe && !long {
+            self.0.store(0, Ordering::Relaxed);
+        } else if long || seen != 0 {
             let window = (1u32 << OUTLASTED_WINDOW) - 1;
             self.0.store(((seen << 1) | u32::from(long)) & window, Ordering::Relaxed);
         }
@@ -84,6 +98,8 @@ pub(crate) struct Backoff<'a> {
     outlasted: bool,
     /// Whether this wait yields because spinning has been failing ([`CONTENDED_YIELDS`]).
     contended: bool,
+    /// Whether this wait spins to see whether spinning works again (see [`Outlasted::probe_due`]).
+    probing: bool,
     /// Called after each yield (the rings' waiters say where they run and keep the ranks
     /// spread: `Shm::after_yield`).
     after_yield: Option<&'a dyn Yielded>,
@@ -97,7 +113,14 @@ pub(crate) trait Yielded {
 impl Backoff<'static> {
     pub(crate) fn new(w: Wait) -> Self {
         let learns = !w.shares_cores();
-        let contended = learns && Outlasted(&OUTLASTED).contended();
+        let record = Outlasted(&OUTLASTED);
+        let (contended, probing) = match learns && record.contended() {
+            true => match record.probe_due() {
+                true => (false, true),
+                false => (true, false),
+            },
+            false => (false, false),
+        };
         let (spin, yields) = match contended {
             true => (Duration::ZERO, CONTENDED_YIELDS),
             false => (w.spin, w.yields),
@@ -111,6 +134,7 @@ impl Backoff<'static> {
             learns,
             outlasted: false,
             contended,
+            probing,
             after_yield: None,
         }
     }
@@ -131,7 +155,7 @@ impl Drop for Backoff<'_> {
             // A yielding wait reads the clock at its first yield; it outlasted the spin if it
             // is still going a spin later.
             let yielded_long = !self.outlasted && self.start.is_some_and(|s| s.elapsed() >= SPIN);
-            Outlasted(&OUTLASTED).note(self.outlasted || yielded_long);
+            Outlasted(&OUTLASTED).note(self.outlasted || yielded_long, self.probing);
         }
     }
 }
@@ -223,21 +247,29 @@ mod tests {
         let word = AtomicU32::new(0);
         let record = Outlasted(&word);
         assert!(!record.contended());
-        record.note(true);
+        record.note(true, false);
         assert!(!record.contended(), "one long wait (a preemption) changes nothing");
-        record.note(false);
-        record.note(true);
+        record.note(false, false);
+        record.note(true, false);
         assert!(record.contended(), "two in the window: yield");
         for _ in 0..OUTLASTED_WINDOW - 3 {
-            record.note(false);
+            record.note(false, false);
         }
         assert!(record.contended(), "still within the window");
-        record.note(false);
+        record.note(false, false);
         assert!(!record.contended(), "a window of quick waits: spin again");
         for _ in 0..3 {
-            record.note(false);
+            record.note(false, false);
         }
         assert_eq!(word.load(Ordering::Relaxed), 0, "the record is clean again");
+        // Yielding waits that outlast the spin by themselves: a probe that spins and ends
+        // quickly clears the record at once; one that outlasts the spin too keeps it.
+        record.note(true, false);
+        record.note(true, false);
+        record.note(true, true);
+        assert!(record.contended(), "the probe outlasted the spin too");
+        record.note(false, true);
+        assert!(!record.contended() && word.load(Ordering::Relaxed) == 0, "a quick probe clears the record");
     }
 
     #[test]
