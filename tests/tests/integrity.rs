@@ -39,6 +39,8 @@ fn every_rank_of_a_mismatched_call_gets_mismatch_without_the_board_and_over_tcp(
     mismatch_matrix(2, &[("HCCN_BOARD_BYTES", "0")]);
     mismatch_matrix(4, &[("HCCN_BOARD_BYTES", "0")]);
     mismatch_matrix(3, &[("HCCN_TRANSPORT", "tcp")]);
+    // Two ranks check rooted calls with one frame crossing the data (verify.rs).
+    mismatch_matrix(2, &[("HCCN_TRANSPORT", "tcp")]);
 }
 
 #[test]

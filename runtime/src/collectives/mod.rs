@@ -426,19 +426,16 @@ pub(crate) unsafe fn execute(ctx: &Ctx<'_>, work: &Work) -> Result<()> {
     // Checked here first: making a disabled span still costs a call and a copy per operation.
     let _span = tracing::enabled!(tracing::Level::DEBUG).then(|| ctx.span(algo.name()).entered());
     let t = crate::trace::start();
-    let when = verify::needed(work, ctx.turn(), ctx.fingerprint());
+    let when = verify::needed(work, ctx.turn(), ctx.fingerprint(), ctx.size(), ctx.rank());
     // Before any data moves: ranks whose calls differ in where the data goes (the root, say)
     // could otherwise all wait for data that nobody sends.
-    let mut r = match when {
-        verify::When::Before => verify::barrier(ctx),
-        _ => Ok(()),
-    };
+    let mut r = verify::open(ctx, when);
     if r.is_ok() {
         // SAFETY: the caller's promise, passed on.
         r = unsafe { run(ctx, work, algo) };
     }
-    if r.is_ok() && when == verify::When::After {
-        r = verify::barrier(ctx);
+    if r.is_ok() {
+        r = verify::close(ctx, when);
     }
     if t.is_on() {
         traced::record(t, ctx, work, algo.name(), &r);

@@ -9,6 +9,16 @@
 //! for data nobody sends. It also keeps the senders of a rooted loop from running ahead of
 //! its receivers by more than one call.
 //!
+//! Between two ranks, a broadcast or rooted reduce needs no round of its own: the data is one
+//! half of it ([`When::Crossing`]). The rank that receives the data sends its frame first and
+//! then checks the data frames, which carry the sender's fingerprint; the rank that sends the
+//! data checks the receiver's frame after its sends, which never wait for the receiver (plain
+//! sends: a ring or a socket takes them whatever the other side does). Every mismatch still
+//! meets a frame that shows it: two ranks that both send (each takes itself for the root, or
+//! one reduces where the other broadcasts) each read the other's data where they expect its
+//! frame; two that both receive each read the other's frame where they expect data. A sender
+//! still runs at most one call ahead: it ends a call on the receiver's frame of that call.
+//!
 //! Collectives in which every rank's result depends on every rank's input (allreduce, allgather,
 //! reduce-scatter, alltoall, barrier) need none: such a result is reached only through a chain
 //! of frames from every rank, and a chain from a rank with a different call passes a receiver
@@ -27,18 +37,28 @@ pub(crate) enum When {
     Never,
     /// Before its data: the fingerprints tell everything that may differ.
     Before,
+    /// Two ranks, data one way by plain sends: the barrier's round crosses the data (see the
+    /// module comment); `sends_data` for the rank the data leaves.
+    Crossing {
+        sends_data: bool,
+    },
     /// After its data: what may differ (alltoallv's counts) shows only to the rank that
     /// receives a block, which then leaves the barrier to the others and tells them.
     After,
 }
 
-/// When `work` (with its board turn, of the call `fp`) verifies with a barrier.
-pub(crate) fn needed(work: &Work, turn: Option<u64>, fp: &Fingerprint) -> When {
+/// When `work` (with its board turn, of the call `fp`, run by rank `me` of `n`) verifies with
+/// a barrier.
+pub(crate) fn needed(work: &Work, turn: Option<u64>, fp: &Fingerprint, n: u32, me: u32) -> When {
     if turn.is_some() {
         // On the board every rank reads every rank's fingerprint.
         return When::Never;
     }
     match work {
+        // The binomial tree's plain sends; gather and scatter wait for their peers to read
+        // (two ranks that both took themselves for the root would wait for each other).
+        Work::Broadcast { root, .. } if n == 2 => When::Crossing { sends_data: *root == me },
+        Work::Reduce { root: Some(root), .. } if n == 2 => When::Crossing { sends_data: *root != me },
         Work::Reduce { root: Some(_), .. }
         | Work::Broadcast { .. }
         | Work::Gather { root: Some(_), .. }
@@ -46,6 +66,24 @@ pub(crate) fn needed(work: &Work, turn: Option<u64>, fp: &Fingerprint) -> When {
         | Work::Nothing => When::Before,
         Work::AllToAll { .. } if fingerprint::varies(fp) => When::After,
         _ => When::Never,
+    }
+}
+
+/// What opens a call that verifies (`when`): the barrier, or a receiver's half of a crossing.
+pub(crate) fn open(ctx: &Ctx<'_>, when: When) -> Result<()> {
+    match when {
+        When::Before => barrier(ctx),
+        When::Crossing { sends_data: false } => ctx.send(1 - ctx.rank(), TAG, &[]),
+        When::Never | When::After | When::Crossing { .. } => Ok(()),
+    }
+}
+
+/// What closes a call whose data moved: the barrier, or a sender's half of a crossing.
+pub(crate) fn close(ctx: &Ctx<'_>, when: When) -> Result<()> {
+    match when {
+        When::After => barrier(ctx),
+        When::Crossing { sends_data: true } => ctx.recv(1 - ctx.rank(), TAG, 0).map(drop),
+        When::Never | When::Before | When::Crossing { .. } => Ok(()),
     }
 }
 

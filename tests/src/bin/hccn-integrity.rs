@@ -157,6 +157,22 @@ fn cases() -> Vec<Case> {
             op: if last(r, n) { ReduceOp::Min } else { ReduceOp::Sum },
             root: 0
         }),
+        // Everyone's data leaves towards rank 0: no rank receives any (two ranks: each ends on
+        // the other's data where it expects its frame).
+        case!("broadcast-against-reduce", |r, n, b| if last(r, n) {
+            Op::Reduce { send: b.send(), recv: b.recv(), count: LARGE, dt: DataType::Fp32, op: ReduceOp::Sum, root: 0 }
+        } else {
+            Op::Broadcast { buf: b.recv(), count: LARGE, dt: DataType::Fp32, root: 0 }
+        }),
+        // Each takes the other for the root of its reduce: both only send.
+        case!("reduce-root-messages", |r, n, b| Op::Reduce {
+            send: b.send(),
+            recv: b.recv(),
+            count: LARGE,
+            dt: DataType::Fp32,
+            op: ReduceOp::Sum,
+            root: if last(r, n) { 0 } else { 1 }
+        }),
         case!("allgather-count", |r, n, b| Op::AllGather {
             send: b.send(),
             recv: b.recv(),
