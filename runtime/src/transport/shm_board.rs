@@ -194,7 +194,7 @@ impl Board {
         if ready() {
             return Ok(());
         }
-        let mut backoff = Backoff::new(self.wait);
+        let mut backoff = Backoff::learning(self.wait);
         let mut spins = 0;
         // Only waiters that share cores look at where the others run.
         let cpu_aware = self.wait.shares_cores();

@@ -49,7 +49,7 @@ pub(crate) fn queue_wait() -> Duration {
 
 /// The host's online cores, read once. The run queue is the host's, so this is not the process's
 /// affinity (a rank bound to one core still shares a queue that every core serves).
-fn host_cores() -> u32 {
+pub(crate) fn host_cores() -> u32 {
     static CORES: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     *CORES.get_or_init(|| {
         // SAFETY: sysconf takes no pointers.

@@ -8,8 +8,8 @@
 //! turn: two ranks of a loop of small collectives keep putting each other to sleep, 30-60 µs a
 //! call instead of a few (the "slow mode" of bindings/python/csrc/README.md), and the spin itself
 //! holds a core that the awaited rank, or the framework's compute, needs. So each process
-//! remembers whether its recent waits outlasted the spin ([`Outlasted`]); while some did, its
-//! waiters yield instead of spinning (which runs whoever else wants the core, and keeps the
+//! remembers whether its recent waits for small collectives' rounds (the board's) outlasted the
+//! spin ([`Outlasted`]); while some did, those waiters yield instead of spinning (which runs whoever else wants the core, and keeps the
 //! waiter runnable, so it sees the write without a wake-up). Every 16th of those waits spins
 //! all the same, and one that ends within the spin clears the record: the host is quiet again,
 //! and there a yield costs more than the spin it replaces.
@@ -111,7 +111,27 @@ pub(crate) trait Yielded {
 }
 
 impl Backoff<'static> {
+    /// A wait that neither adds to the process's record nor follows it: the rings' waits for
+    /// the pieces of a large frame last as long as its copy, whatever the host is doing.
     pub(crate) fn new(w: Wait) -> Self {
+        Backoff {
+            n: 0,
+            start: None,
+            spin: w.spin,
+            yields: w.yields,
+            spinning: !w.spin.is_zero(),
+            learns: false,
+            outlasted: false,
+            contended: false,
+            probing: false,
+            after_yield: None,
+        }
+    }
+
+    /// A wait for a small collective's round (the board's), which should end within the spin
+    /// when both ranks run: it adds to the process's record and follows it (see the module
+    /// comment).
+    pub(crate) fn learning(w: Wait) -> Self {
         let learns = !w.shares_cores();
         let record = Outlasted(&OUTLASTED);
         let (contended, probing) = match learns && record.contended() {
@@ -219,22 +239,36 @@ impl Backoff<'_> {
 pub(crate) struct Wait {
     spin: Duration,
     yields: u32,
+    /// This process may use fewer cores than the host has local ranks (see
+    /// [`Wait::fewer_cores_than_ranks`]).
+    narrow: bool,
 }
 
 impl Wait {
     /// How the waiters of a host with `local` ranks wait: spinning only pays when every local
-    /// rank has a core of its own.
+    /// rank has a core of its own. The host's cores count, not this process's affinity: a
+    /// launcher that binds each rank to a core of its own (hccnrun or mpirun --bind-to core)
+    /// leaves it one, yet no rank waits for another on its core.
     pub(crate) fn for_local_ranks(local: usize) -> Wait {
-        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        match local <= cores {
-            true => Wait { spin: SPIN, yields: 0 },
-            false => Wait { spin: Duration::ZERO, yields: OVERSUBSCRIBED_YIELDS },
+        let host = super::starved::host_cores() as usize;
+        let mine = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let narrow = local > mine;
+        match local <= host {
+            true => Wait { spin: SPIN, yields: 0, narrow },
+            false => Wait { spin: Duration::ZERO, yields: OVERSUBSCRIBED_YIELDS, narrow },
         }
     }
 
     /// The host's ranks outnumber its cores: waiters yield rather than spin.
     pub(crate) fn shares_cores(&self) -> bool {
         self.spin.is_zero()
+    }
+
+    /// This process may run on fewer cores than there are ranks on the host (they outnumber the
+    /// cores, or it is bound to a few): the rings' choice between copying and reading in place
+    /// (shm/mod.rs `single_copy`) was measured that way.
+    pub(crate) fn fewer_cores_than_ranks(&self) -> bool {
+        self.narrow || self.shares_cores()
     }
 }
 
@@ -274,11 +308,11 @@ mod tests {
 
     #[test]
     fn ranks_that_outnumber_the_cores_keep_their_own_policy() {
-        let shared = Wait { spin: Duration::ZERO, yields: OVERSUBSCRIBED_YIELDS };
-        let b = Backoff::new(shared);
+        let shared = Wait { spin: Duration::ZERO, yields: OVERSUBSCRIBED_YIELDS, narrow: true };
+        let b = Backoff::learning(shared);
         assert!(!b.learns && b.yields == OVERSUBSCRIBED_YIELDS && !b.spinning);
-        let own = Wait { spin: SPIN, yields: 0 };
-        let b = Backoff::new(own);
-        assert!(b.learns);
+        let own = Wait { spin: SPIN, yields: 0, narrow: false };
+        assert!(Backoff::learning(own).learns);
+        assert!(!Backoff::new(own).learns, "the rings' waits for large frames do not learn");
     }
 }
