@@ -1,7 +1,10 @@
 //! Bootstrap: how the processes of a world meet and connect. Each rank publishes its listening
-//! address in the store, connects to the lower ranks and accepts the higher ones (every
-//! connection authenticated with the job token, then a hello saying which mesh and rank is
-//! calling), then sets up shared memory with the peers on its host; the result is a [`Net`].
+//! address in the store; world rank 0 gathers them into one roster, which every other rank reads
+//! in one round trip (as NCCL's bootstrap root does: a world of n ranks costs the store O(n)
+//! requests, not one per pair). Each rank then connects to the lower ranks and accepts the
+//! higher ones (every connection authenticated with the job token, then a hello saying which
+//! mesh and rank is calling), then sets up shared memory with the peers on its host; the result
+//! is a [`Net`].
 
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -196,16 +199,22 @@ pub(crate) fn connect_mesh(
     let listener = TcpListener::bind((cfg.bind_addr, 0))
         .map_err(|e| Error::io(ErrorKind::System, format!("listen on {}", cfg.bind_addr), &e))?;
     let addr = listener.local_addr().map_err(|e| Error::io(ErrorKind::System, "listen address", &e))?;
-    store.set(&format!("{prefix}/addr/{rank}"), addr.to_string().as_bytes())?;
+    store.set(&addr_key(prefix, rank), addr.to_string().as_bytes())?;
 
     let sockets = std::thread::scope(|s| -> Result<Vec<(u32, TcpStream)>> {
         let acceptor = s.spawn(|| accept_peers(&listener, mesh, rank + 1..size, size, token, cfg));
+        let roster = match rank {
+            0 => gather_roster(store, prefix, size, &addr, cfg)?.into_iter().map(Some).collect(),
+            _ => read_roster(store, prefix, size, cfg)?,
+        };
         let mut connected = Vec::new();
         for peer in 0..rank {
-            let resolve = || {
-                let raw = store.get(&format!("{prefix}/addr/{peer}"), cfg.timeout)?;
-                let text = String::from_utf8_lossy(&raw).into_owned();
-                text.parse().map_err(|_| Error::new(ErrorKind::Store, format!("bad address {text:?} for rank {peer}")))
+            // The roster's address first; on a retry the peer's own record, which a roster
+            // gathered before the peer published its own may hold a previous run's value of.
+            let asked = std::cell::Cell::new(false);
+            let resolve = || match (asked.replace(true), roster.get(peer as usize)) {
+                (false, Some(&Some(addr))) => Ok(addr),
+                _ => parse_addr(&store.get(&addr_key(prefix, peer), cfg.timeout)?, peer),
             };
             connected.push((peer, connect_peer(&resolve, peer, mesh, rank, size, token, cfg)?));
         }
@@ -242,9 +251,213 @@ pub(crate) fn connect_mesh(
     Ok(net)
 }
 
+fn addr_key(prefix: &str, rank: u32) -> String {
+    format!("{prefix}/addr/{rank}")
+}
+
+fn roster_key(prefix: &str) -> String {
+    format!("{prefix}/roster")
+}
+
+fn parse_addr(raw: &[u8], rank: u32) -> Result<SocketAddr> {
+    let text = String::from_utf8_lossy(raw);
+    text.parse().map_err(|_| Error::new(ErrorKind::Store, format!("bad address {text:?} for rank {rank}")))
+}
+
+/// World rank 0: every rank's address (its own is `mine`), gathered from their records and
+/// published as the roster, one address per line in rank order.
+fn gather_roster(
+    store: &dyn Store,
+    prefix: &str,
+    size: u32,
+    mine: &SocketAddr,
+    cfg: &Config,
+) -> Result<Vec<SocketAddr>> {
+    let deadline = Instant::now() + cfg.timeout;
+    let mut roster = vec![*mine];
+    for peer in 1..size {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match store.get(&addr_key(prefix, peer), left) {
+            Ok(raw) => roster.push(parse_addr(&raw, peer)?),
+            Err(e) if e.kind() == ErrorKind::Timeout => return Err(missing_ranks(store, prefix, size, cfg)),
+            Err(e) => return Err(e),
+        }
+    }
+    let text: Vec<String> = roster.iter().map(SocketAddr::to_string).collect();
+    store.set(&roster_key(prefix), text.join("\n").as_bytes())?;
+    Ok(roster)
+}
+
+/// Any other rank: the roster world rank 0 published (see [`gather_roster`]), as first guesses
+/// (none where it names another number of ranks). A roster may hold a previous run's addresses
+/// (one left under the same prefix, or a record rank 0 read before its rank replaced it): a
+/// connection that fails asks for the peer's own record, as it always did.
+fn read_roster(store: &dyn Store, prefix: &str, size: u32, cfg: &Config) -> Result<Vec<Option<SocketAddr>>> {
+    let raw = match store.get(&roster_key(prefix), cfg.timeout) {
+        Ok(raw) => raw,
+        Err(e) if e.kind() == ErrorKind::Timeout => return Err(missing_ranks(store, prefix, size, cfg)),
+        Err(e) => return Err(e),
+    };
+    let text = String::from_utf8_lossy(&raw);
+    let roster: Vec<Option<SocketAddr>> = text.split('\n').map(|a| a.parse().ok()).collect();
+    Ok(if roster.len() == size as usize { roster } else { vec![None; size as usize] })
+}
+
+/// The error of a world that did not meet in time: which ranks never published their address
+/// (one look each, on this path only).
+fn missing_ranks(store: &dyn Store, prefix: &str, size: u32, cfg: &Config) -> Error {
+    let missing: Vec<u32> = (0..size).filter(|&r| store.get(&addr_key(prefix, r), Duration::ZERO).is_err()).collect();
+    if missing.is_empty() {
+        return Error::timeout(format!(
+            "world rank 0 did not publish the roster of addresses within {} ms, though every rank published its own",
+            cfg.timeout.as_millis()
+        ));
+    }
+    Error::timeout(format!(
+        "the world of {size} ranks did not meet within {} ms: ranks {missing:?} never published their address \
+         (did they start, with the same store and world size?)",
+        cfg.timeout.as_millis()
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A store that counts the reads each rank makes.
+    struct Counting {
+        inner: crate::rendezvous::TcpStore,
+        gets: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Store for Counting {
+        fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+            self.inner.set(key, value)
+        }
+        fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+            self.gets.fetch_add(1, Ordering::SeqCst);
+            self.inner.get(key, timeout)
+        }
+        fn add(&self, key: &str, delta: i64) -> Result<i64> {
+            self.inner.add(key, delta)
+        }
+        fn create(&self, key: &str, value: &[u8]) -> Result<Option<Vec<u8>>> {
+            self.inner.create(key, value)
+        }
+    }
+
+    #[test]
+    fn a_world_costs_the_store_one_read_per_rank_and_rank_0_one_per_rank() {
+        let token = b"job token";
+        let server = crate::rendezvous::StoreServer::start("127.0.0.1:0".parse().expect("addr"), token).expect("store");
+        let cfg = Config {
+            timeout: Duration::from_secs(20),
+            transport: crate::config::Transport::Tcp,
+            heartbeat: Duration::ZERO,
+            ..Config::default()
+        };
+        let size = 6u32;
+        let reads: Vec<usize> = std::thread::scope(|s| {
+            let ranks: Vec<_> = (0..size)
+                .map(|rank| {
+                    let (server, cfg) = (&server, &cfg);
+                    s.spawn(move || {
+                        let inner = crate::rendezvous::TcpStore::connect(server.local_addr(), token, cfg.timeout)
+                            .expect("store connection");
+                        let store = Counting { inner, gets: Default::default() };
+                        let net = connect_mesh(rank, size, &store, "w", 99, token, cfg).expect("mesh");
+                        assert_eq!(net.links.all().len(), size as usize - 1, "rank {rank} reaches every peer");
+                        let reads = store.gets.load(Ordering::SeqCst);
+                        // Every rank's mesh stays up until all have counted.
+                        (net, reads)
+                    })
+                })
+                .collect();
+            let done: Vec<_> = ranks.into_iter().map(|h| h.join().expect("rank")).collect();
+            done.into_iter().map(|(_, reads)| reads).collect()
+        });
+        assert_eq!(reads[0], size as usize - 1, "rank 0 reads each other rank's address once");
+        assert!(reads[1..].iter().all(|&r| r == 1), "every other rank reads the roster alone: {reads:?}");
+    }
+
+    #[test]
+    fn records_left_by_a_previous_run_do_not_keep_a_world_from_forming() {
+        let token = b"job token";
+        let server = crate::rendezvous::StoreServer::start("127.0.0.1:0".parse().expect("addr"), token).expect("store");
+        let cfg = Config {
+            timeout: Duration::from_secs(20),
+            transport: crate::config::Transport::Tcp,
+            heartbeat: Duration::ZERO,
+            ..Config::default()
+        };
+        // A previous run of another size, under the same prefix, left its records behind:
+        // nobody listens at those addresses any more.
+        let old = crate::rendezvous::TcpStore::connect(server.local_addr(), token, cfg.timeout).expect("store");
+        let gone = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("address");
+        for stale_size in [4, 3] {
+            let stale = vec![gone.to_string(); stale_size].join("\n");
+            old.set(&roster_key("w"), stale.as_bytes()).expect("set");
+            for r in 0..4 {
+                old.set(&addr_key("w", r), gone.to_string().as_bytes()).expect("set");
+            }
+            forms_despite_stale_records(&server, token, &cfg);
+        }
+    }
+
+    /// Three ranks form a world under prefix "w" whatever the store held there, rank 0 coming
+    /// late (the others read what was there first).
+    fn forms_despite_stale_records(server: &crate::rendezvous::StoreServer, token: &[u8], cfg: &Config) {
+        let started = Instant::now();
+        std::thread::scope(|s| {
+            let ranks: Vec<_> = (0..3u32)
+                .map(|rank| {
+                    s.spawn(move || {
+                        // Rank 0 comes late: the others read the old roster first.
+                        if rank == 0 {
+                            std::thread::sleep(Duration::from_millis(300));
+                        }
+                        let store = crate::rendezvous::TcpStore::connect(server.local_addr(), token, cfg.timeout)
+                            .expect("store connection");
+                        connect_mesh(rank, 3, &store, "w", 99, token, cfg).map(|net| net.links.all().len())
+                    })
+                })
+                .collect();
+            for h in ranks {
+                assert_eq!(h.join().expect("rank").expect("the new world forms"), 2);
+            }
+        });
+        assert!(started.elapsed() < Duration::from_secs(10), "the stale records held the world up");
+    }
+
+    #[test]
+    fn a_world_that_does_not_meet_names_the_ranks_that_never_came() {
+        let token = b"job token";
+        let server = crate::rendezvous::StoreServer::start("127.0.0.1:0".parse().expect("addr"), token).expect("store");
+        let cfg = Config {
+            timeout: Duration::from_millis(600),
+            transport: crate::config::Transport::Tcp,
+            heartbeat: Duration::ZERO,
+            ..Config::default()
+        };
+        // Ranks 0 and 1 of 3 come; rank 2 never does.
+        let errors: Vec<Error> = std::thread::scope(|s| {
+            let ranks: Vec<_> = (0..2u32)
+                .map(|rank| {
+                    let (server, cfg) = (&server, &cfg);
+                    s.spawn(move || {
+                        let store = crate::rendezvous::TcpStore::connect(server.local_addr(), token, cfg.timeout)
+                            .expect("store connection");
+                        connect_mesh(rank, 3, &store, "w", 99, token, cfg).err().expect("the world cannot meet")
+                    })
+                })
+                .collect();
+            ranks.into_iter().map(|h| h.join().expect("rank")).collect()
+        });
+        for e in errors {
+            assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+            assert!(e.message().contains("ranks [2] never published their address"), "{e}");
+        }
+    }
 
     #[test]
     fn stalled_connections_do_not_hold_up_a_member() {
