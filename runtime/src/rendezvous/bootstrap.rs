@@ -346,16 +346,22 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_world_costs_the_store_one_read_per_rank_and_rank_0_one_per_rank() {
-        let token = b"job token";
+    /// An embedded store for worlds of threads over TCP, and their configuration.
+    fn store_for_threads(token: &[u8], timeout: Duration) -> (crate::rendezvous::StoreServer, Config) {
         let server = crate::rendezvous::StoreServer::start("127.0.0.1:0".parse().expect("addr"), token).expect("store");
         let cfg = Config {
-            timeout: Duration::from_secs(20),
+            timeout,
             transport: crate::config::Transport::Tcp,
             heartbeat: Duration::ZERO,
             ..Config::default()
         };
+        (server, cfg)
+    }
+
+    #[test]
+    fn a_world_costs_the_store_one_read_per_rank_and_rank_0_one_per_rank() {
+        let token = b"job token";
+        let (server, cfg) = store_for_threads(token, Duration::from_secs(20));
         let size = 6u32;
         let reads: Vec<usize> = std::thread::scope(|s| {
             let ranks: Vec<_> = (0..size)
@@ -383,13 +389,7 @@ mod tests {
     #[test]
     fn records_left_by_a_previous_run_do_not_keep_a_world_from_forming() {
         let token = b"job token";
-        let server = crate::rendezvous::StoreServer::start("127.0.0.1:0".parse().expect("addr"), token).expect("store");
-        let cfg = Config {
-            timeout: Duration::from_secs(20),
-            transport: crate::config::Transport::Tcp,
-            heartbeat: Duration::ZERO,
-            ..Config::default()
-        };
+        let (server, cfg) = store_for_threads(token, Duration::from_secs(20));
         // A previous run of another size, under the same prefix, left its records behind:
         // nobody listens at those addresses any more.
         let old = crate::rendezvous::TcpStore::connect(server.local_addr(), token, cfg.timeout).expect("store");
@@ -432,13 +432,7 @@ mod tests {
     #[test]
     fn a_world_that_does_not_meet_names_the_ranks_that_never_came() {
         let token = b"job token";
-        let server = crate::rendezvous::StoreServer::start("127.0.0.1:0".parse().expect("addr"), token).expect("store");
-        let cfg = Config {
-            timeout: Duration::from_millis(600),
-            transport: crate::config::Transport::Tcp,
-            heartbeat: Duration::ZERO,
-            ..Config::default()
-        };
+        let (server, cfg) = store_for_threads(token, Duration::from_millis(600));
         // Ranks 0 and 1 of 3 come; rank 2 never does.
         let errors: Vec<Error> = std::thread::scope(|s| {
             let ranks: Vec<_> = (0..2u32)

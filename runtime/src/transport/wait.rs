@@ -9,10 +9,11 @@
 //! call instead of a few (the "slow mode" of bindings/python/csrc/README.md), and the spin itself
 //! holds a core that the awaited rank, or the framework's compute, needs. So each process
 //! remembers whether its recent waits for small collectives' rounds (the board's) outlasted the
-//! spin ([`Outlasted`]); while some did, those waiters yield instead of spinning (which runs whoever else wants the core, and keeps the
-//! waiter runnable, so it sees the write without a wake-up). Every 16th of those waits spins
-//! all the same, and one that ends within the spin clears the record: the host is quiet again,
-//! and there a yield costs more than the spin it replaces.
+//! spin ([`Outlasted`]); while some did, those waiters yield instead of spinning (which runs
+//! whoever else wants the core, and keeps the waiter runnable, so it sees the write without a
+//! wake-up). Every 16th of those waits spins all the same, and one that ends within the spin
+//! clears the record: the host is quiet again, and there a yield costs more than the spin it
+//! replaces.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -145,27 +146,14 @@ impl Backoff<'static> {
             true => (Duration::ZERO, CONTENDED_YIELDS),
             false => (w.spin, w.yields),
         };
-        Backoff {
-            n: 0,
-            start: None,
-            spin,
-            yields,
-            spinning: !spin.is_zero(),
-            learns,
-            outlasted: false,
-            contended,
-            probing,
-            after_yield: None,
-        }
+        Backoff { spin, yields, spinning: !spin.is_zero(), learns, contended, probing, ..Backoff::new(w) }
     }
 }
 
 impl<'a> Backoff<'a> {
-    /// A backoff that calls `after_yield` after each yield where the host's ranks outnumber
-    /// its cores (the rings' placement of ranks on cores).
+    /// A backoff that calls `after_yield` after each yield.
     pub(crate) fn with_after_yield(w: Wait, after_yield: &'a dyn Yielded) -> Self {
-        let after_yield = w.shares_cores().then_some(after_yield);
-        Backoff { after_yield, ..Backoff::new(w) }
+        Backoff { after_yield: Some(after_yield), ..Backoff::new(w) }
     }
 }
 
