@@ -49,6 +49,7 @@ pub const VARIABLES: &[Variable] = &[
     Variable { name: "HCCN_LINK_COST", default: DefaultIs::Value(|c| c.link_cost.name().to_owned()), meaning: "Latency and bandwidth per transport for the cost model: `measure` (world rank 0 times a shared-memory and a TCP peer when the world forms, about 20 small and 3 1-MiB round trips each, and sends the figures to every rank), `default` (the built-in figures), or a list such as `shm=0.8us:9GB/s,tcp=40us:2.2GB/s` (kinds `shm`, `tcp`, `local`; units `us`/`ms` and `GB/s`/`MB/s`; unnamed kinds keep the built-in figures). World rank 0's setting is the one every rank uses; see docs/algorithms.md." },
     Variable { name: "HCCN_HEARTBEAT_MS", default: DefaultIs::Value(|c| c.heartbeat.as_millis().to_string()), meaning: "Interval of the heartbeat each rank sends to the peers it watches (see `HCCN_WATCHED_PEERS`); `0` turns heartbeats (and silence detection) off." },
     Variable { name: "HCCN_WATCHED_PEERS", default: DefaultIs::Value(|c| c.watched_peers.to_string()), meaning: "Peers a rank watches for silence on each side of it in the ring of live world ranks (heartbeats, pulses, `HCCN_DEAD_AFTER_MS`); a world of up to 2k+1 ranks watches every pair, a larger one keeps the heartbeat load per rank constant, and a silent rank's watchers tell every other rank at once. 1 to 64." },
+    Variable { name: "HCCN_FULL_MESH_UP_TO", default: DefaultIs::Value(|c| c.full_mesh_up_to.to_string()), meaning: "Largest world that connects every pair of ranks as it forms. A larger one opens only the links its failure detection and news need (the `HCCN_WATCHED_PEERS` neighbours on each side, the hypercube partners rank xor 2^i) and shared memory with the ranks of its host; every other connection opens on its first message, from either side. `0` connects on demand at every size." },
     Variable { name: "HCCN_DEAD_AFTER_MS", default: DefaultIs::Value(|c| c.dead_after.as_millis().to_string()), meaning: "A peer silent this long (no frame, no heartbeat, nothing waiting in its socket) is declared failed: a frozen process or a cut link. Raise it where ranks may stall longer without being dead (dead versus slow)." },
     Variable { name: "HCCN_ETCD_CA", default: DefaultIs::Text("(plain gRPC)"), meaning: "With an `etcd://` store: PEM file of the CA that signed the etcd members' certificates. Setting it turns TLS on for every connection to etcd; the members' certificates must name the hosts (or IP addresses) of `HCCN_STORE`." },
     Variable { name: "HCCN_ETCD_CERT", default: DefaultIs::Text("(none)"), meaning: "With `HCCN_ETCD_CA`: PEM file of this process's client certificate, for an etcd started with `--client-cert-auth`. Goes with `HCCN_ETCD_KEY`." },
@@ -107,6 +108,8 @@ pub struct Config {
     pub dead_after: Duration,
     /// `HCCN_WATCHED_PEERS`: peers watched for silence on each side in the ring of live ranks.
     pub watched_peers: usize,
+    /// `HCCN_FULL_MESH_UP_TO`: worlds larger than this connect on demand.
+    pub full_mesh_up_to: u32,
     /// TTL of the etcd lease behind each membership key.
     pub lease_ttl: Duration,
     pub log: String,
@@ -261,6 +264,7 @@ impl Default for Config {
             heartbeat: Duration::from_millis(100),
             dead_after: Duration::from_millis(800),
             watched_peers: 3,
+            full_mesh_up_to: 16,
             lease_ttl: Duration::from_secs(2),
             log: "warn".to_owned(),
             job_id: None,
@@ -351,6 +355,9 @@ impl Config {
                 return Err(Error::invalid(format!("HCCN_WATCHED_PEERS={k} is outside 1..=64")));
             }
             c.watched_peers = k;
+        }
+        if let Some(v) = get("HCCN_FULL_MESH_UP_TO") {
+            c.full_mesh_up_to = parse("HCCN_FULL_MESH_UP_TO", &v, "a number of ranks")?;
         }
         if let Some(v) = get("HCCN_DEAD_AFTER_MS") {
             c.dead_after = Duration::from_millis(parse("HCCN_DEAD_AFTER_MS", &v, "a number of milliseconds")?);

@@ -83,6 +83,9 @@ pub enum FrameKind {
     /// Who the sender is: its incarnation id (8 bytes: how news names it, see
     /// `transport::news`) and its pulse port (2 bytes, 0 for none; `transport::pulse`).
     Intro = 10,
+    /// News passed on (worlds that connect on demand, where not every rank has a link to the
+    /// one that saw a loss): the reporter's incarnation (8 bytes), then its `Suspect` payload.
+    Relay = 11,
 }
 
 impl FrameKind {
@@ -98,6 +101,7 @@ impl FrameKind {
             8 => Some(FrameKind::Evict),
             9 => Some(FrameKind::Abandon),
             10 => Some(FrameKind::Intro),
+            11 => Some(FrameKind::Relay),
             _ => None,
         }
     }

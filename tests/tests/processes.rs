@@ -39,3 +39,31 @@ fn matrix_with_forced_algorithms() {
         launch::expect_clean_run_with(n, &m, &["--quick"], &[("HCCN_ALGO", algo)], &format!("the matrix with {algo}"));
     }
 }
+
+/// Connections on demand (`HCCN_FULL_MESH_UP_TO=0`, one watched neighbour each side): a world
+/// of 5 or 8 ranks forms with the ring neighbours and hypercube partners only, and every other
+/// pair connects on its first message — from both sides at once in alltoall's pairwise steps
+/// (the lower rank's connection wins on both). The whole matrix, over TCP.
+#[test]
+fn matrix_with_connections_on_demand() {
+    let m = PathBuf::from(env!("CARGO_BIN_EXE_hccn-matrix"));
+    let env = [
+        ("HCCN_FULL_MESH_UP_TO", "0"),
+        ("HCCN_WATCHED_PEERS", "1"),
+        ("HCCN_TRANSPORT", "tcp"),
+        ("HCCN_CHUNK_BYTES", "4096"),
+        ("HCCN_LOG", "warn,hccn_runtime::transport::ondemand=debug"),
+    ];
+    for n in [5, 8] {
+        let out = launch::hccnrun(n, &m, &[], &env, std::time::Duration::from_secs(600));
+        assert_eq!(out.code, Some(0), "the matrix on {n} ranks connected on demand failed: {}", out.describe());
+        for r in 0..n {
+            assert!(out.stdout.contains(&format!("[{r}] rank {r} of {n}: ")), "rank {r}: {}", out.describe());
+        }
+        assert!(!out.stdout.contains("FAIL"), "{}", out.describe());
+        // The pairs the world did not form with did connect, on demand.
+        let all = format!("{}{}", out.stdout, out.stderr);
+        assert!(all.contains("connected on demand"), "no connection on demand: {}", out.describe());
+        assert!(!all.contains("peer failed"), "{}", out.describe());
+    }
+}

@@ -102,6 +102,42 @@ fn a_job_of_32_local_ranks_over_shared_memory_is_clean_and_a_rank_uses_no_more_m
     );
 }
 
+/// Connections each rank holds after a ring allreduce (and the barrier before it), as
+/// `hccn-info --resources` counts them on every rank of `n` over TCP.
+fn connections_after_a_ring_allreduce(n: u32, env: &[(&str, &str)]) -> Vec<usize> {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let info = launch::bin("hccn-info");
+    let mut all_env = vec![("HCCN_TRANSPORT", "tcp"), ("HCCN_ALGO", "ring")];
+    all_env.extend_from_slice(env);
+    let out = launch::hccnrun(n, &info, &["--resources"], &all_env, Duration::from_secs(60));
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    // Rank 0 prints a row per rank: rank, connections, threads, ...
+    let rows: Vec<usize> = (0..n)
+        .map(|r| {
+            let row =
+                out.stdout.lines().find_map(|l| l.strip_prefix("[0] ").filter(|l| l.starts_with(&format!("{r} "))));
+            let cell = row.and_then(|l| l.split_whitespace().nth(1)).and_then(|c| c.parse::<f64>().ok());
+            cell.unwrap_or_else(|| panic!("no row for rank {r}: {}", out.describe())) as usize
+        })
+        .collect();
+    eprintln!("{n} ranks: connections per rank {:?}..{:?}", rows.iter().min(), rows.iter().max());
+    rows
+}
+
+#[test]
+fn a_ring_allreduce_among_64_ranks_opens_a_few_connections_per_rank_not_63() {
+    // The world forms with 3 neighbours on each side and the 6 hypercube partners; the barrier's
+    // dissemination and the ring add at most one per round; nothing grows like n.
+    let bound = |n: u32| 2 * 3 + 2 * n.ilog2() as usize + 2;
+    let on_demand = connections_after_a_ring_allreduce(64, &[]);
+    assert!(on_demand.iter().all(|&c| c <= bound(64)), "64 ranks: {on_demand:?}");
+    let larger = connections_after_a_ring_allreduce(128, &[]);
+    assert!(larger.iter().all(|&c| c <= bound(128)), "128 ranks: {larger:?}");
+    // The same job connecting every pair as it forms, for contrast.
+    let full = connections_after_a_ring_allreduce(64, &[("HCCN_FULL_MESH_UP_TO", "64")]);
+    assert!(full.iter().all(|&c| c == 63), "a full mesh of 64: {full:?}");
+}
+
 /// The first field after `[r] WORD ` in `out`: a wall-clock millisecond.
 fn at(out: &Outcome, r: u32, word: &str) -> u128 {
     let prefix = format!("[{r}] {word} ");

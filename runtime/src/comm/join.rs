@@ -181,8 +181,10 @@ impl Communicator {
                 .position(|(t, _)| *t == ticket)
                 .ok_or_else(|| Error::internal("admission without us"))? as u32;
         let size = adm.size();
+        let expected = bootstrap::Expected::now((0..rank).collect())?;
         let socks = std::thread::scope(|s| -> Result<Vec<(u32, TcpStream)>> {
-            let acceptor = s.spawn(|| bootstrap::accept_peers(&listener, adm.id, 0..rank, size, token, cfg));
+            let acceptor =
+                s.spawn(|| bootstrap::accept_peers(&listener, adm.id, (0..rank, &expected), size, token, cfg));
             let mut socks = connect_joiners(&adm, rank, token, cfg)?;
             socks.extend(acceptor.join().map_err(|_| Error::internal("accept thread panicked"))??);
             Ok(socks)
@@ -193,7 +195,7 @@ impl Communicator {
             links[peer as usize] = Some(tcp::start_link(sock, peer, &inbox, cfg)?);
         }
         let pulse = crate::transport::pulse::Pulse::open(cfg.bind_addr, token);
-        let net = Arc::new(Net::new(rank, links, inbox, pulse, Default::default(), cfg));
+        let net = Arc::new(Net::new(rank, links, inbox, pulse, Default::default(), cfg, None));
         let inner = CommInner::new(
             net,
             adm.id,

@@ -7,7 +7,9 @@
 //! trips of 8 bytes (α is half the median) and [`BULKS`] of 1 MiB (β from the fastest, less α);
 //! the peer echoes. A process measures each kind once: later worlds reuse its figures. Frames
 //! travel as collective frames (so that they take the data path being measured) of a
-//! communicator id of their own, which no user communicator has.
+//! communicator id of their own, which no user communicator has. In a world that connects on
+//! demand the figures go down the binomial tree of rank 0 (links the world forms with), and
+//! rank 0 measures only against its children there.
 
 use crate::sync::Locked;
 use std::sync::Mutex;
@@ -50,7 +52,7 @@ static MEASURED: Mutex<Vec<(TransportKind, bool, LinkCost)>> = Mutex::new(Vec::n
 /// figures of world rank 0, identical everywhere.
 pub(crate) fn agree(net: &Net, size: u32, mesh: u64, cfg: &Config) -> Result<LinkCosts> {
     let probe = Probe { net, id: crate::comm::derive_id(&[&mesh.to_le_bytes(), b"link costs"]), cfg };
-    let agreed = if net.rank == 0 { probe.decide(size) } else { probe.serve() };
+    let agreed = if net.rank == 0 { probe.decide(size) } else { probe.serve(size) };
     agreed.map_err(|e| e.context("agreeing on link costs"))
 }
 
@@ -72,7 +74,7 @@ impl Probe<'_> {
         };
         costs.shared_cores = self.host_shares_cores(size);
         let figures = encode(&costs);
-        for peer in 1..size {
+        for peer in self.children(0, size) {
             self.send(peer, TAG_FIGURES, &figures)?;
         }
         let ms = started.elapsed().as_secs_f64() * 1e3;
@@ -114,10 +116,12 @@ impl Probe<'_> {
     fn peers(&self, size: u32) -> Vec<(TransportKind, u32)> {
         let net = self.net;
         let me = net.hosts.first().copied().flatten();
-        let tcp_peers = || (1..size).filter(|p| !net.shm.has(*p));
+        // In a tree, only rank 0's children: their pings and their figures come on one link.
+        let children = self.children(0, size);
+        let tcp_peers = || children.iter().copied().filter(|p| !net.shm.has(*p));
         let remote = tcp_peers().find(|p| net.hosts.get(*p as usize).copied().flatten() != me);
         let tcp = remote.or_else(|| tcp_peers().find(|_| self.cfg.transport == crate::config::Transport::Tcp));
-        let shm = (1..size).find(|p| net.shm.has(*p));
+        let shm = children.iter().copied().find(|p| net.shm.has(*p));
         [(TransportKind::Shm, shm), (TransportKind::Tcp, tcp)].into_iter().filter_map(|(k, p)| Some((k, p?))).collect()
     }
 
@@ -195,19 +199,46 @@ impl Probe<'_> {
         Ok(t.elapsed().as_secs_f64())
     }
 
-    /// Any rank but 0: echoes rank 0's pings until its figures arrive.
-    fn serve(&self) -> Result<LinkCosts> {
+    /// Any rank but 0: echoes rank 0's pings until the figures arrive from its parent (rank 0
+    /// itself but in a world that connects on demand), and passes them on to its children.
+    fn serve(&self, size: u32) -> Result<LinkCosts> {
+        let me = self.net.rank;
+        let parent = match self.tree() {
+            true => me & !(1 << (31 - me.leading_zeros())),
+            false => 0,
+        };
         let mut data = Vec::with_capacity(PING_BYTES);
         loop {
             data.clear();
-            let (tag, _) = self.recv(0, &mut |_, piece| data.extend_from_slice(piece))?;
+            let (tag, _) = self.recv(parent, &mut |_, piece| data.extend_from_slice(piece))?;
             match tag {
-                TAG_PING => self.send(0, TAG_PING, &data)?,
+                TAG_PING => self.send(parent, TAG_PING, &data)?,
                 _ => {
                     let costs = decode(&data)?;
-                    tracing::debug!(rank = self.net.rank, %costs, "link costs agreed");
+                    for child in self.children(me, size) {
+                        self.send(child, TAG_FIGURES, &data)?;
+                    }
+                    tracing::debug!(rank = me, %costs, "link costs agreed");
                     return Ok(costs);
                 }
+            }
+        }
+    }
+
+    /// Whether the figures go down a binomial tree (a world that connects on demand).
+    fn tree(&self) -> bool {
+        self.net.on_demand().is_some()
+    }
+
+    /// The ranks `me` sends the figures to: every other rank from rank 0, or in a tree
+    /// `me + 2^i` for every `2^i` above `me`'s highest bit.
+    fn children(&self, me: u32, size: u32) -> Vec<u32> {
+        match (self.tree(), me) {
+            (false, 0) => (1..size).collect(),
+            (false, _) => Vec::new(),
+            (true, _) => {
+                let low = if me == 0 { 0 } else { 32 - me.leading_zeros() };
+                (low..32).map(|i| me + (1 << i)).take_while(|&c| c < size).collect()
             }
         }
     }

@@ -13,6 +13,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::ondemand::{self, Record, ON_DEMAND};
 use super::Store;
 use crate::auth::{self, Purpose};
 use crate::config::Config;
@@ -69,13 +70,39 @@ pub(crate) fn connect_peer(
 /// Handshakes in progress at once while a mesh forms; connections beyond wait to be accepted.
 const MAX_PENDING_HANDSHAKES: usize = 64;
 
-/// Accepts one connection from each rank in `from_ranks`, refusing (and logging) anything else.
-/// Each connection authenticates on a thread of its own, so a client that connects and then
-/// stalls (or many of them) cannot hold up the members behind it: only the deadline ends the wait.
+/// The ranks an acceptor waits for: known at once, or once the roster is read (the acceptor runs
+/// meanwhile, so that a rank that connects early, or a caller that stalls, waits for nobody).
+pub(crate) struct Expected {
+    ranks: std::sync::OnceLock<Vec<u32>>,
+    known: Waker,
+}
+
+impl Expected {
+    pub fn later() -> Result<Expected> {
+        let known = Waker::new().map_err(|e| Error::io(ErrorKind::System, "eventfd", &e))?;
+        Ok(Expected { ranks: std::sync::OnceLock::new(), known })
+    }
+
+    pub fn now(ranks: Vec<u32>) -> Result<Expected> {
+        let e = Expected::later()?;
+        e.set(ranks);
+        Ok(e)
+    }
+
+    pub fn set(&self, ranks: Vec<u32>) {
+        let _ = self.ranks.set(ranks);
+        self.known.wake();
+    }
+}
+
+/// Accepts one connection from each rank `expected` names, refusing (and logging) anything not
+/// in `from_ranks`. Each connection authenticates on a thread of its own, so a client that
+/// connects and then stalls (or many of them) cannot hold up the members behind it: only the
+/// deadline ends the wait.
 pub(crate) fn accept_peers(
     listener: &TcpListener,
     mesh: u64,
-    from_ranks: std::ops::Range<u32>,
+    (from_ranks, expected): (std::ops::Range<u32>, &Expected),
     size: u32,
     token: &[u8],
     cfg: &Config,
@@ -90,9 +117,11 @@ pub(crate) fn accept_peers(
     // hundreds of ranks polling their listeners would take the CPU the others need to start.
     let done = Arc::new(Waker::new().map_err(sys)?);
     let mut got: Vec<(u32, TcpStream)> = Vec::new();
-    let want = from_ranks.len();
+    let all_in = |got: &[(u32, TcpStream)]| {
+        expected.ranks.get().is_some_and(|want| want.iter().all(|r| got.iter().any(|(g, _)| g == r)))
+    };
     let mut early = None;
-    while got.len() < want {
+    while !all_in(&got) {
         while let Some((from, outcome)) = early.take().or_else(|| rx.try_recv().ok()) {
             match outcome {
                 Ok((rank, _)) if got.iter().any(|(r, _)| *r == rank) => {
@@ -102,7 +131,7 @@ pub(crate) fn accept_peers(
                 Err(_) => {} // logged by its handshake thread
             }
         }
-        if got.len() >= want {
+        if all_in(&got) {
             break;
         }
         // At the cap, the next connections wait in the listen queue (not refused: at hundreds
@@ -113,12 +142,14 @@ pub(crate) fn accept_peers(
             Ok(c) => c,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if Instant::now() >= deadline {
-                    let missing: Vec<u32> = from_ranks.clone().filter(|r| !got.iter().any(|(g, _)| g == r)).collect();
+                    let want = expected.ranks.get().cloned().unwrap_or_else(|| from_ranks.clone().collect());
+                    let missing: Vec<u32> = want.iter().copied().filter(|r| !got.iter().any(|(g, _)| g == r)).collect();
                     return Err(Error::timeout(format!(
-                        "ranks {missing:?} never connected within {} ms (only {} of the {want} expected did); \
+                        "ranks {missing:?} never connected within {} ms (only {} of the {} expected did); \
                          did they start, and reach this address?",
                         cfg.timeout.as_millis(),
                         got.len(),
+                        want.len(),
                     )));
                 }
                 // Cleared before looking, so that an outcome sent after the look still wakes us.
@@ -128,7 +159,14 @@ pub(crate) fn accept_peers(
                     continue;
                 }
                 let left = deadline.saturating_duration_since(Instant::now());
-                let listening: &[_] = if full { &[done.fd()] } else { &[listener.as_raw_fd(), done.fd()] };
+                expected.known.clear();
+                if all_in(&got) {
+                    break;
+                }
+                let listening: &[_] = match full {
+                    true => &[done.fd(), expected.known.fd()],
+                    false => &[listener.as_raw_fd(), done.fd(), expected.known.fd()],
+                };
                 wait_readable(listening, left.min(Duration::from_millis(500)));
                 continue;
             }
@@ -141,8 +179,10 @@ pub(crate) fn accept_peers(
             let outcome = admit_peer(sock, mesh, range, size, &token, handshake_timeout);
             pending2.fetch_sub(1, Ordering::SeqCst);
             // Logged here: a refusal may come after the acceptor has its members and is gone.
-            if let Err(e) = &outcome {
-                tracing::warn!(%from, "refused a peer connection: {e}");
+            match &outcome {
+                Err(e) if e.message().contains(EARLY) => tracing::debug!(%from, "{e}"),
+                Err(e) => tracing::warn!(%from, "refused a peer connection: {e}"),
+                Ok(_) => {}
             }
             // The acceptor may have finished (or given up) already: then the socket just closes.
             let _ = tx.send((from, outcome));
@@ -155,6 +195,9 @@ pub(crate) fn accept_peers(
     }
     Ok(got)
 }
+
+/// Why a rank still forming its world refuses a connection on demand (the dialer asks again).
+const EARLY: &str = "asked for a connection on demand before this rank's world formed";
 
 /// Authenticates one incoming connection and reads who it is; `Err` says why it is refused.
 fn admit_peer(
@@ -171,6 +214,9 @@ fn admit_peer(
     // Still under the handshake's read timeout.
     sock.read_exact(&mut h).map_err(|e| Error::io(ErrorKind::Connect, "peer left before saying who it is", &e))?;
     let (their_mesh, their_rank, their_size) = parse_hello(&h);
+    if their_mesh == mesh && their_size == size | ON_DEMAND {
+        return Err(Error::new(ErrorKind::Connect, format!("world rank {their_rank} {EARLY}")));
+    }
     if their_mesh != mesh || their_size != size || !from_ranks.contains(&their_rank) {
         return Err(Error::new(
             ErrorKind::Connect,
@@ -182,8 +228,15 @@ fn admit_peer(
     Ok((their_rank, sock))
 }
 
-/// Builds the full mesh of world `size`: publish our address, connect to lower ranks, accept
-/// higher ones. `prefix` namespaces the store keys; `mesh` is checked in every hello.
+/// Sockets to peers, by world rank.
+type Sockets = Vec<(u32, TcpStream)>;
+/// The links of a world as it forms (by world rank), its shared memory, every rank's host.
+type Started = (Vec<Option<Arc<dyn Link>>>, shm::Shm, Vec<Option<shm::HostId>>);
+
+/// Forms world `size`: publish our record, connect to the lower ranks and accept the higher
+/// ones (every pair, or in a world that connects on demand the pairs `ondemand::eager` names),
+/// set up shared memory with the peers on this host. `prefix` namespaces the store keys; `mesh`
+/// is checked in every hello.
 pub(crate) fn connect_mesh(
     rank: u32,
     size: u32,
@@ -195,60 +248,103 @@ pub(crate) fn connect_mesh(
 ) -> Result<Net> {
     let _span = tracing::debug_span!("mesh", rank, size).entered();
     crate::transport::sweep_once();
-    let inbox = Arc::new(Inbox::default());
     let listener = TcpListener::bind((cfg.bind_addr, 0))
         .map_err(|e| Error::io(ErrorKind::System, format!("listen on {}", cfg.bind_addr), &e))?;
     let addr = listener.local_addr().map_err(|e| Error::io(ErrorKind::System, "listen address", &e))?;
-    store.set(&addr_key(prefix, rank), addr.to_string().as_bytes())?;
+    let mine = Record::mine(addr, cfg);
+    store.set(&addr_key(prefix, rank), mine.encode().as_bytes())?;
+    let w = Meeting { rank, size, store, prefix, mesh, token, cfg };
+    let (records, sockets) = w.meet(&listener, &mine)?;
 
-    let sockets = std::thread::scope(|s| -> Result<Vec<(u32, TcpStream)>> {
-        let acceptor = s.spawn(|| accept_peers(&listener, mesh, rank + 1..size, size, token, cfg));
-        let roster = match rank {
-            0 => gather_roster(store, prefix, size, &addr, cfg)?.into_iter().map(Some).collect(),
-            _ => read_roster(store, prefix, size, cfg)?,
-        };
-        let mut connected = Vec::new();
-        for peer in 0..rank {
-            // The roster's address first; on a retry the peer's own record, which a roster
-            // gathered before the peer published its own may hold a previous run's value of.
-            let asked = std::cell::Cell::new(false);
-            let resolve = || match (asked.replace(true), roster.get(peer as usize)) {
-                (false, Some(&Some(addr))) => Ok(addr),
-                _ => parse_addr(&store.get(&addr_key(prefix, peer), cfg.timeout)?, peer),
-            };
-            connected.push((peer, connect_peer(&resolve, peer, mesh, rank, size, token, cfg)?));
-        }
-        let accepted = acceptor.join().map_err(|_| Error::internal("accept thread panicked"))??;
-        connected.extend(accepted);
-        Ok(connected)
-    })?;
-
-    // Host ids and shared memory, with every peer at once (see shm::handshake).
-    let mut sockets = sockets;
-    sockets.sort_by_key(|(peer, _)| *peer);
-    let mine = shm::host_id();
-    let mut hosts = vec![None; size as usize];
-    hosts[rank as usize] = Some(mine);
-    let mut local: Vec<Option<shm::ShmPeer>> = (0..size).map(|_| None).collect();
-    let learnt = shm::handshake(&mut sockets, rank, mesh, &mine, cfg)?;
-    for ((peer, _), (host, link)) in sockets.iter().zip(learnt) {
-        let (transport, cma) = match &link {
-            Some(l) => ("shm", l.cma()),
-            None => ("tcp", false),
-        };
-        // Logged as the transport's (HCCN_LOG=hccn_runtime::transport=info shows every link).
-        tracing::info!(target: "hccn_runtime::transport", rank, peer = *peer, transport, cma, "data link");
-        hosts[*peer as usize] = Some(host);
-        local[*peer as usize] = link;
+    let inbox = Arc::new(Inbox::default());
+    let (links, shm, hosts) = w.start_links(sockets, &records, &inbox)?;
+    // News names processes by incarnation: every rank's, also those this one has no link to.
+    for (peer, r) in records.iter().enumerate() {
+        inbox.note_intro(peer as u32, r.incarnation, None);
     }
-    let mut links: Vec<Option<Arc<dyn Link>>> = (0..size).map(|_| None).collect();
-    for (peer, sock) in sockets {
-        links[peer as usize] = Some(start_link(sock, peer, &inbox, cfg)?);
-    }
+    let connector = ondemand::connector(rank, mesh, token, &records, listener, cfg)?;
     let pulse = crate::transport::pulse::Pulse::open(cfg.bind_addr, token);
-    let mut net = Net::new(rank, links, inbox, pulse, shm::Shm::new(rank, local), cfg);
+    let mut net = Net::new(rank, links, inbox, pulse, shm, cfg, connector);
     net.hosts = hosts;
     Ok(net)
+}
+
+/// One rank's part in forming a world (see [`connect_mesh`]).
+struct Meeting<'a> {
+    rank: u32,
+    size: u32,
+    store: &'a dyn Store,
+    prefix: &'a str,
+    mesh: u64,
+    token: &'a [u8],
+    cfg: &'a Config,
+}
+
+impl Meeting<'_> {
+    /// Every rank's record, and authenticated sockets to the peers the world forms with.
+    fn meet(&self, listener: &TcpListener, mine: &Record) -> Result<(Vec<Record>, Sockets)> {
+        let Meeting { rank, size, store, prefix, mesh, token, cfg } = *self;
+        let expected = Expected::later()?;
+        std::thread::scope(|s| {
+            // Accepting before the roster is read: a rank that reads it sooner connects at once.
+            let acceptor = s.spawn(|| accept_peers(listener, mesh, (rank + 1..size, &expected), size, token, cfg));
+            let records = match rank {
+                0 => gather_roster(store, prefix, size, mine, cfg),
+                _ => read_roster(store, prefix, (rank, size), mine, cfg),
+            };
+            let records = match records {
+                Ok(r) => r,
+                Err(e) => {
+                    // The acceptor would wait for its deadline: nobody is coming.
+                    expected.set(Vec::new());
+                    return Err(e);
+                }
+            };
+            let eager = |peer: u32| ondemand::eager(rank, peer, &records);
+            expected.set((rank + 1..size).filter(|&p| eager(p)).collect());
+            let mut connected = Vec::new();
+            for peer in (0..rank).filter(|&p| eager(p)) {
+                // The roster's address first; on a retry the peer's own record, which a roster
+                // gathered before the peer published its own may hold a previous run's value of.
+                let asked = std::cell::Cell::new(false);
+                let resolve = || match asked.replace(true) {
+                    false => Ok(records[peer as usize].addr),
+                    true => parse_record(&store.get(&addr_key(prefix, peer), cfg.timeout)?, peer).map(|r| r.addr),
+                };
+                connected.push((peer, connect_peer(&resolve, peer, mesh, rank, size, token, cfg)?));
+            }
+            let accepted = acceptor.join().map_err(|_| Error::internal("accept thread panicked"))??;
+            connected.extend(accepted);
+            Ok((records, connected))
+        })
+    }
+
+    /// Shared memory with the peers of this host among `sockets` (see shm::handshake), then the
+    /// links: by world rank, none where the world forms without one; and every rank's host.
+    fn start_links(&self, mut sockets: Sockets, records: &[Record], inbox: &Arc<Inbox>) -> Result<Started> {
+        let (rank, cfg) = (self.rank, self.cfg);
+        sockets.sort_by_key(|(peer, _)| *peer);
+        let here = shm::host_id();
+        let mut hosts: Vec<Option<shm::HostId>> = records.iter().map(|r| Some(r.host)).collect();
+        hosts[rank as usize] = Some(here);
+        let mut local: Vec<Option<shm::ShmPeer>> = (0..self.size).map(|_| None).collect();
+        let learnt = shm::handshake(&mut sockets, rank, self.mesh, &here, cfg)?;
+        for ((peer, _), (host, link)) in sockets.iter().zip(learnt) {
+            let (transport, cma) = match &link {
+                Some(l) => ("shm", l.cma()),
+                None => ("tcp", false),
+            };
+            // Logged as the transport's (HCCN_LOG=hccn_runtime::transport=info shows every link).
+            tracing::info!(target: "hccn_runtime::transport", rank, peer = *peer, transport, cma, "data link");
+            hosts[*peer as usize] = Some(host);
+            local[*peer as usize] = link;
+        }
+        let mut links: Vec<Option<Arc<dyn Link>>> = (0..self.size).map(|_| None).collect();
+        for (peer, sock) in sockets {
+            links[peer as usize] = Some(start_link(sock, peer, inbox, cfg)?);
+        }
+        Ok((links, shm::Shm::new(rank, local), hosts))
+    }
 }
 
 fn addr_key(prefix: &str, rank: u32) -> String {
@@ -259,48 +355,71 @@ fn roster_key(prefix: &str) -> String {
     format!("{prefix}/roster")
 }
 
-fn parse_addr(raw: &[u8], rank: u32) -> Result<SocketAddr> {
+fn parse_record(raw: &[u8], rank: u32) -> Result<Record> {
     let text = String::from_utf8_lossy(raw);
-    text.parse().map_err(|_| Error::new(ErrorKind::Store, format!("bad address {text:?} for rank {rank}")))
+    Record::parse(&text).ok_or_else(|| Error::new(ErrorKind::Store, format!("bad record {text:?} for rank {rank}")))
 }
 
-/// World rank 0: every rank's address (its own is `mine`), gathered from their records and
-/// published as the roster, one address per line in rank order.
-fn gather_roster(
-    store: &dyn Store,
-    prefix: &str,
-    size: u32,
-    mine: &SocketAddr,
-    cfg: &Config,
-) -> Result<Vec<SocketAddr>> {
-    let deadline = Instant::now() + cfg.timeout;
-    let mut roster = vec![*mine];
+/// World rank 0: every rank's record (its own is `mine`), gathered from the store and
+/// published as the roster, one record per line in rank order.
+fn gather_roster(store: &dyn Store, prefix: &str, size: u32, mine: &Record, cfg: &Config) -> Result<Vec<Record>> {
+    let mut roster = vec![mine.clone()];
     for peer in 1..size {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match store.get(&addr_key(prefix, peer), left) {
-            Ok(raw) => roster.push(parse_addr(&raw, peer)?),
-            Err(e) if e.kind() == ErrorKind::Timeout => return Err(missing_ranks(store, prefix, size, cfg)),
-            Err(e) => return Err(e),
-        }
+        roster.push(own_record(store, prefix, (peer, size), cfg)?);
     }
-    let text: Vec<String> = roster.iter().map(SocketAddr::to_string).collect();
+    let text: Vec<String> = roster.iter().map(Record::encode).collect();
     store.set(&roster_key(prefix), text.join("\n").as_bytes())?;
     Ok(roster)
 }
 
-/// Any other rank: the roster world rank 0 published (see [`gather_roster`]), as first guesses
-/// (none where it names another number of ranks). A roster may hold a previous run's addresses
-/// (one left under the same prefix, or a record rank 0 read before its rank replaced it): a
-/// connection that fails asks for the peer's own record, as it always did.
-fn read_roster(store: &dyn Store, prefix: &str, size: u32, cfg: &Config) -> Result<Vec<Option<SocketAddr>>> {
+/// Any other rank: the roster world rank 0 published (see [`gather_roster`]). A roster that does
+/// not hold this rank's own record (`mine`) is a previous run's, left under the same prefix, or
+/// one rank 0 gathered before this rank published: then each rank's own record is read instead.
+/// A record rank 0 read before its rank replaced it is a previous run's too: a connection that
+/// fails asks for the peer's own record, as it always did.
+fn read_roster(
+    store: &dyn Store,
+    prefix: &str,
+    (rank, size): (u32, u32),
+    mine: &Record,
+    cfg: &Config,
+) -> Result<Vec<Record>> {
     let raw = match store.get(&roster_key(prefix), cfg.timeout) {
         Ok(raw) => raw,
         Err(e) if e.kind() == ErrorKind::Timeout => return Err(missing_ranks(store, prefix, size, cfg)),
         Err(e) => return Err(e),
     };
     let text = String::from_utf8_lossy(&raw);
-    let roster: Vec<Option<SocketAddr>> = text.split('\n').map(|a| a.parse().ok()).collect();
-    Ok(if roster.len() == size as usize { roster } else { vec![None; size as usize] })
+    let roster: Vec<Option<Record>> = text.split('\n').map(Record::parse).collect();
+    let roster = match roster.len() == size as usize && roster[rank as usize].as_ref() == Some(mine) {
+        true => roster,
+        false => vec![None; size as usize],
+    };
+    let own = |(peer, r): (usize, Option<Record>)| match r {
+        Some(r) => Ok(r),
+        None if peer as u32 == rank => Ok(mine.clone()),
+        None => own_record(store, prefix, (peer as u32, size), cfg),
+    };
+    roster.into_iter().enumerate().map(own).collect()
+}
+
+/// World rank `peer`'s own record, waited for while the store holds none or one this version
+/// cannot read (a previous run's, until the peer publishes its own).
+fn own_record(store: &dyn Store, prefix: &str, (peer, size): (u32, u32), cfg: &Config) -> Result<Record> {
+    let deadline = Instant::now() + cfg.timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let raw = match store.get(&addr_key(prefix, peer), left) {
+            Ok(raw) => raw,
+            Err(e) if e.kind() == ErrorKind::Timeout => return Err(missing_ranks(store, prefix, size, cfg)),
+            Err(e) => return Err(e),
+        };
+        match parse_record(&raw, peer) {
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            ok => return ok,
+        }
+    }
 }
 
 /// The error of a world that did not meet in time: which ranks never published their address
@@ -463,8 +582,9 @@ mod tests {
         let addr = listener.local_addr().expect("addr");
         let stalled: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(addr).expect("connect")).collect();
         let token = b"job token";
+        let one = Expected::now(vec![1]).expect("eventfd");
         let (got, member) = std::thread::scope(|s| {
-            let acceptor = s.spawn(|| accept_peers(&listener, 77, 1..2, 2, token, &cfg));
+            let acceptor = s.spawn(|| accept_peers(&listener, 77, (1..2, &one), 2, token, &cfg));
             // Let the acceptor take the stalled connections first.
             std::thread::sleep(Duration::from_millis(200));
             let member = connect_peer(&|| Ok(addr), 0, 77, 1, 2, token, &cfg);
@@ -482,8 +602,9 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr");
         let token = b"job token";
+        let one = Expected::now(vec![1]).expect("eventfd");
         let got = std::thread::scope(|s| {
-            let acceptor = s.spawn(|| accept_peers(&listener, 77, 1..2, 2, token, &cfg));
+            let acceptor = s.spawn(|| accept_peers(&listener, 77, (1..2, &one), 2, token, &cfg));
             // Right token, wrong mesh; then a rank outside the range; then the member.
             let _a = connect_peer(&|| Ok(addr), 0, 78, 1, 2, token, &cfg).expect("handshake passes");
             let _b = connect_peer(&|| Ok(addr), 0, 77, 5, 2, token, &cfg).expect("handshake passes");
@@ -506,8 +627,9 @@ mod tests {
         // The store answers with the stale address three times, then with the peer's own.
         let resolve = || Ok(if asked.fetch_add(1, Ordering::SeqCst) < 3 { stale } else { live });
         let token = b"job token";
+        let one = Expected::now(vec![1]).expect("eventfd");
         let got = std::thread::scope(|s| {
-            let acceptor = s.spawn(|| accept_peers(&listener, 77, 1..2, 2, token, &cfg));
+            let acceptor = s.spawn(|| accept_peers(&listener, 77, (1..2, &one), 2, token, &cfg));
             let member = connect_peer(&resolve, 0, 77, 1, 2, token, &cfg);
             assert!(member.is_ok(), "never reached the live address: {:?}", member.err());
             acceptor.join().expect("acceptor")

@@ -2,6 +2,7 @@
 //! and the unique id that carries a store's address and job token between processes.
 
 pub(crate) mod bootstrap;
+pub(crate) mod ondemand;
 pub mod runs;
 mod tcp_store;
 mod unique_id;

@@ -9,10 +9,12 @@
 //!
 //! A rank watches only its `k` (HCCN_WATCHED_PEERS) nearest live ranks on each side in the ring of
 //! world ranks: it heartbeats and pulses those and takes only their silence for a failure. The
-//! load per rank is then constant at any size; a crash still shows on every link at once (the
-//! kernel closes the dead process's sockets), and a frozen rank is found by its watchers, whose
-//! `Suspect` notice reaches every other rank within a heartbeat. A world of at most 2k+1 ranks
-//! watches every pair, as before.
+//! load per rank is then constant at any size; a crash still shows on every link of the dead
+//! process at once (the kernel closes its sockets), and a frozen rank is found by its watchers,
+//! whose `Suspect` notice reaches every other rank within a heartbeat. A world of at most 2k+1
+//! ranks watches every pair, as before. In a world that connects on demand (ondemand.rs), where a
+//! rank has links to a few others only, this thread passes news it had not heard on to its links
+//! (`Relay`), and takes the connections peers open on demand.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,7 +24,7 @@ use std::time::Duration;
 
 use super::pulse::Pulse;
 use super::waker::{wait_readable, Waker};
-use super::{news, Fault, Inbox, LinkTable};
+use super::{news, Fault, Inbox, LinkTable, OnDemand};
 use crate::wire::{FrameHeader, FrameKind};
 
 /// A thread per world of processes; stops (promptly) when dropped.
@@ -42,9 +44,8 @@ impl Watchdog {
         peers: Arc<LinkTable>,
         inbox: Arc<Inbox>,
         pulse: Option<Arc<Pulse>>,
-        every: Duration,
-        dead_after: Duration,
-        watched: usize,
+        on_demand: Option<Arc<OnDemand>>,
+        (every, dead_after, watched): (Duration, Duration, usize),
     ) -> Option<Self> {
         let waker = Waker::new().map_err(|e| tracing::error!("no watchdog (eventfd: {e})")).ok().map(Arc::new)?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -52,7 +53,15 @@ impl Watchdog {
         let thread = std::thread::Builder::new()
             .name("hccn-watchdog".into())
             .spawn(move || {
-                let w = Watch { peers: &peers, inbox: &inbox2, pulse: pulse.as_deref(), waker: &waker2, me, watched };
+                let w = Watch {
+                    peers: &peers,
+                    inbox: &inbox2,
+                    pulse: pulse.as_deref(),
+                    on_demand: on_demand.as_ref(),
+                    waker: &waker2,
+                    me,
+                    watched,
+                };
                 w.run(every, dead_after, &stop2)
             })
             .map_err(|e| tracing::error!("no watchdog thread: silent peers will only time out: {e}"))
@@ -80,6 +89,8 @@ struct Watch<'a> {
     peers: &'a LinkTable,
     inbox: &'a Inbox,
     pulse: Option<&'a Pulse>,
+    /// In a world that connects on demand: this thread also takes the peers' connections.
+    on_demand: Option<&'a Arc<OnDemand>>,
     waker: &'a Waker,
     /// This process's world rank (names its trace file).
     me: u32,
@@ -147,8 +158,8 @@ impl Watch<'_> {
         let mut declared = HashSet::new();
         // Links found slow (nothing on them while their pulses come), since when.
         let mut slow: std::collections::HashMap<u32, std::time::Instant> = std::collections::HashMap::new();
-        // Suspect notices each link still has to take.
-        let mut pending: Vec<(u32, Vec<u8>)> = Vec::new();
+        // Notices (suspicions, news passed on) each link still has to take.
+        let mut pending: Vec<(u32, FrameHeader, Vec<u8>)> = Vec::new();
         let mut next_beat = std::time::Instant::now();
         let mut lateness = super::starved::Lateness::default();
         let mut watched_since = WatchedSince::default();
@@ -158,12 +169,23 @@ impl Watch<'_> {
             if !lost.is_empty() {
                 let payload = news::encode(&inbox.by_id(lost));
                 let live = peers.all().into_iter().filter(|(r, _)| !failed.contains_key(r));
-                pending.extend(live.map(|(r, _)| (r, payload.clone())));
+                let hdr = header(FrameKind::Suspect, payload.len());
+                pending.extend(live.map(|(r, _)| (r, hdr, payload.clone())));
             }
-            pending.retain(|(rank, payload)| match peers.get(*rank) {
-                Some(link) if !failed.contains_key(rank) => {
-                    !link.control(&header(FrameKind::Suspect, payload.len()), payload)
-                }
+            for relay in inbox.relays() {
+                let Some(reporter) = inbox.id_of(relay.reporter) else { continue };
+                let payload = news::encode_relay(reporter, &inbox.by_id(relay.faults));
+                let to = peers.all().into_iter().map(|(r, _)| r);
+                let to = to.filter(|r| *r != relay.via && *r != relay.reporter && !failed.contains_key(r));
+                let hdr = header(FrameKind::Relay, payload.len());
+                pending.extend(to.map(|r| (r, hdr, payload.clone())));
+            }
+            for f in inbox.forwards() {
+                let to = peers.all().into_iter().map(|(r, _)| r).filter(|r| *r != f.via && !failed.contains_key(r));
+                pending.extend(to.map(|r| (r, f.hdr, f.payload.clone())));
+            }
+            pending.retain(|(rank, hdr, payload)| match peers.get(*rank) {
+                Some(link) if !failed.contains_key(rank) => !link.control(hdr, payload),
                 _ => false,
             });
             let n = peers.len();
@@ -177,10 +199,18 @@ impl Watch<'_> {
                 lateness.woke(next_beat, std::time::Instant::now(), super::starved::queue_wait());
                 next_beat = std::time::Instant::now() + every;
                 let all = peers.all();
-                let live: Vec<u32> =
-                    all.iter().map(|(r, _)| *r).filter(|r| !declared.contains(r) && !failed.contains_key(r)).collect();
-                let watching = watched(self.me, live.iter().copied(), self.watched);
+                let candidates: Vec<u32> = match self.on_demand {
+                    // Every rank of the world, linked or not: the ring closes over a failed
+                    // neighbour to the next live rank, which this one then connects to.
+                    Some(_) => (0..n as u32).filter(|&r| r != self.me).collect(),
+                    None => all.iter().map(|(r, _)| *r).collect(),
+                };
+                let live = candidates.into_iter().filter(|r| !declared.contains(r) && !failed.contains_key(r));
+                let watching = watched(self.me, live, self.watched);
                 watched_since.update(&watching);
+                if let Some(on) = self.on_demand {
+                    watching.iter().filter(|&&r| peers.get(r).is_none()).for_each(|&r| on.connect_aside(r));
+                }
                 if let Some(p) = self.pulse {
                     let ranks = inbox.pulse_ranks().into_iter();
                     let to: Vec<_> = ranks.filter(|(r, _)| watching.contains(r)).map(|(_, a)| a).collect();
@@ -223,10 +253,14 @@ impl Watch<'_> {
                 // Only news wakes a watchdog without heartbeats.
                 (true, true) => Duration::from_secs(3600),
             };
-            let fds: smallvec::SmallVec<[std::os::fd::RawFd; 2]> =
-                [Some(self.waker.fd()), self.pulse.map(Pulse::fd)].into_iter().flatten().collect();
+            let listener = self.on_demand.map(|on| on.listener());
+            let fds: smallvec::SmallVec<[std::os::fd::RawFd; 3]> =
+                [Some(self.waker.fd()), self.pulse.map(Pulse::fd), listener].into_iter().flatten().collect();
             wait_readable(&fds, nap);
             self.waker.clear();
+            if let Some(on) = self.on_demand {
+                on.accept();
+            }
         }
     }
 }

@@ -26,6 +26,10 @@ struct InboxState {
     cuts: BTreeMap<(u32, u32), String>,
     /// This rank's own losses not yet told to the peers (see `Inbox::announcements`).
     unannounced: Vec<(u32, Fault)>,
+    /// News of other ranks to pass on (see `Inbox::relays`).
+    unrelayed: Vec<Relay>,
+    /// Revokes and abandoned operations to pass on (see `Inbox::forwards`).
+    unforwarded: Vec<Forward>,
     /// Where each peer listens for pulses (see pulse.rs).
     pulse_addrs: BTreeMap<u32, std::net::SocketAddr>,
     /// The world rank of each incarnation this world knows (see [`incarnation`]).
@@ -37,6 +41,23 @@ struct InboxState {
     /// Frames whose sender withdrew one of them (its operation failed): the rest of them is
     /// dropped, so that no receive takes a later frame for the withdrawn one.
     given_up: HashSet<Key>,
+}
+
+/// News that world rank `reporter` lost `faults` (world ranks), to pass on to every link but
+/// the one it came on (`via`) and the reporter's.
+pub(crate) struct Relay {
+    pub reporter: u32,
+    pub via: u32,
+    pub faults: Vec<(u32, Fault)>,
+}
+
+/// A revoke or an abandoned operation another rank told, to pass on to every link but the one
+/// it came on (`via`), in a world that connects on demand: their senders tell only the ranks
+/// they have links to.
+pub(crate) struct Forward {
+    pub hdr: FrameHeader,
+    pub payload: Vec<u8>,
+    pub via: u32,
 }
 
 /// Emptied queues kept at most.
@@ -106,6 +127,8 @@ pub(crate) struct Inbox {
     sleepers: std::sync::atomic::AtomicU32,
     /// Woken when this rank loses a peer, to tell the others (see `heartbeat.rs`).
     announcer: Mutex<Option<Arc<waker::Waker>>>,
+    /// News of other ranks is passed on (a world that connects on demand).
+    relaying: std::sync::atomic::AtomicBool,
 }
 
 /// The error of a wait that needed world rank `rank`, which left on purpose knowing of `news`.
@@ -221,19 +244,63 @@ impl Inbox {
         self.wake_announcer();
     }
 
-    /// Records what world rank `reporter` told of its own losses: each lost peer's link to it is
-    /// cut.
-    pub fn note_suspects(&self, reporter: u32, faults: Vec<(u64, Fault)>) {
+    /// Records what world rank `reporter` told of its own losses (on the link from `via`): each
+    /// lost peer's link to it is cut. In a world that connects on demand, what is new here is
+    /// passed on.
+    pub fn note_suspects(&self, reporter: u32, faults: Vec<(u64, Fault)>, via: u32) {
         let faults = self.by_rank(faults);
+        let relaying = self.relaying.load(Ordering::Relaxed);
         let mut st = self.lock();
+        let mut new = Vec::new();
         for (lost, f) in faults {
-            if lost != reporter {
-                st.cuts.entry((reporter, lost)).or_insert_with(|| f.reason.clone());
+            if lost != reporter && !st.cuts.contains_key(&(reporter, lost)) {
+                st.cuts.insert((reporter, lost), f.reason.clone());
+                new.push((lost, f));
             }
+        }
+        let relay = relaying && !new.is_empty();
+        if relay {
+            st.unrelayed.push(Relay { reporter, via, faults: new });
         }
         drop(st);
         self.trouble();
         self.changed.notify_all();
+        if relay {
+            self.wake_announcer();
+        }
+    }
+
+    /// News of the process `reporter` (an incarnation) that a peer passed on; ignored when this
+    /// world does not know it, or it is this rank's own.
+    pub fn note_relayed(&self, reporter: u64, faults: Vec<(u64, Fault)>, via: u32) {
+        let st = self.lock();
+        let Some(&from) = st.ranks_of.get(&reporter) else { return };
+        let mine = st.ranks_of.get(&super::incarnation()) == Some(&from);
+        drop(st);
+        if !mine {
+            self.note_suspects(from, faults, via);
+        }
+    }
+
+    /// Why world rank `rank` is lost to this rank or, as news told, to any other; `None` while
+    /// nobody reported it.
+    pub fn lost_anywhere(&self, rank: u32) -> Option<String> {
+        let st = self.lock();
+        if let Some(f) = st.failed.get(&rank) {
+            return Some(f.reason.clone());
+        }
+        let cut = st.cuts.iter().find(|((_, lost), _)| *lost == rank);
+        cut.map(|((by, _), why)| format!("world rank {by} lost it: {why}"))
+    }
+
+    /// Passes news of other ranks on from now (see [`Relay`]).
+    pub fn set_relaying(&self) {
+        self.relaying.store(true, Ordering::Relaxed);
+    }
+
+    /// News of other ranks not yet passed on; each is returned once.
+    pub fn relays(&self) -> Vec<Relay> {
+        std::mem::take(&mut self.lock().unrelayed)
     }
 
     /// This rank's losses not yet told to the peers; each is returned once.
@@ -311,6 +378,29 @@ impl Inbox {
         self.changed.notify_all();
     }
 
+    /// A `Revoke` frame from world rank `via`.
+    pub fn note_revoke(&self, via: u32, hdr: FrameHeader) {
+        let fresh = self.lock().revoked.insert(hdr.comm_id);
+        self.trouble();
+        self.changed.notify_all();
+        if fresh {
+            self.forward(Forward { hdr, payload: Vec::new(), via });
+        }
+    }
+
+    /// Queues `f` to be passed on, in a world that connects on demand.
+    fn forward(&self, f: Forward) {
+        if self.relaying.load(Ordering::Relaxed) {
+            self.lock().unforwarded.push(f);
+            self.wake_announcer();
+        }
+    }
+
+    /// Revokes and abandoned operations not yet passed on; each is returned once.
+    pub fn forwards(&self) -> Vec<Forward> {
+        std::mem::take(&mut self.lock().unforwarded)
+    }
+
     /// Records that collective `seq` of communicator `comm_id` was left by some rank (this one
     /// or, told by an `Abandon` frame, another): every wait of it ends with that error. False
     /// when it was known already.
@@ -334,7 +424,9 @@ impl Inbox {
         match news::decode_abandon(payload, &|id| self.rank_of(id)) {
             Some(why) => {
                 tracing::debug!(peer, comm = hdr.comm_id, seq = hdr.seq, "operation abandoned: {}", why.message);
-                self.mark_abandoned(hdr.comm_id, hdr.seq, why);
+                if self.mark_abandoned(hdr.comm_id, hdr.seq, why) {
+                    self.forward(Forward { hdr, payload: payload.to_vec(), via: peer });
+                }
             }
             None => tracing::warn!(peer, "ignored a malformed abandon frame"),
         }

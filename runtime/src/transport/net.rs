@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::channel::{Channel, Progress, SelfChannel, Status};
+use super::ondemand::{Connector, OnDemand};
 use super::{heartbeat, news, pulse, shm, shm_board, tcp, Fault, Inbox, Key, Link, Sink};
 use crate::error::{Error, Result};
 use crate::wire::{FrameHeader, FrameKind};
@@ -36,6 +37,17 @@ impl LinkTable {
 
     pub fn channel(&self, rank: u32) -> Option<Arc<dyn Channel>> {
         self.read().get(rank as usize).cloned().flatten().map(|p| p.channel)
+    }
+
+    pub fn peer(&self, rank: u32) -> Option<Peer> {
+        self.read().get(rank as usize).cloned().flatten()
+    }
+
+    /// Files the link to world rank `rank`, opened on demand (ondemand.rs).
+    pub fn set(&self, rank: u32, peer: Peer) {
+        if let Some(slot) = self.peers.write_locked().get_mut(rank as usize) {
+            *slot = Some(peer);
+        }
     }
 
     /// Every live link with its world rank.
@@ -76,6 +88,8 @@ pub(crate) struct Net {
     pulse: Option<Arc<pulse::Pulse>>,
     /// HCCN_WATCHED_PEERS (see heartbeat.rs).
     watched_peers: usize,
+    /// How links missing from `links` open, in a world that connects on demand.
+    on_demand: Option<Arc<OnDemand>>,
 }
 
 impl Net {
@@ -90,6 +104,7 @@ impl Net {
         pulse: Option<pulse::Pulse>,
         shm: shm::Shm,
         cfg: &crate::config::Config,
+        connector: Option<Box<dyn Connector>>,
     ) -> Net {
         let n = links.len();
         let shm = Arc::new(shm);
@@ -121,14 +136,19 @@ impl Net {
         let pulse = pulse.filter(|_| !cfg.heartbeat.is_zero()).map(Arc::new);
         inbox.note_intro(rank, incarnation(), None);
         links.all().iter().for_each(|(_, l)| introduce(l.as_ref(), pulse.as_deref()));
+        let on_demand = connector.map(|connector| {
+            // Peers connected to few others pass news on (heartbeat.rs).
+            inbox.set_relaying();
+            let (links, inbox, pulse) = (links.clone(), inbox.clone(), pulse.clone());
+            Arc::new(OnDemand::new(rank, links, inbox, pulse, progress.clone(), cfg, connector))
+        });
         let watchdog = heartbeat::Watchdog::start(
             rank,
             links.clone(),
             inbox.clone(),
             pulse.clone(),
-            cfg.heartbeat,
-            cfg.dead_after,
-            cfg.watched_peers,
+            on_demand.clone(),
+            (cfg.heartbeat, cfg.dead_after, cfg.watched_peers),
         );
         let mut hosts = vec![None; n.max(rank as usize + 1)];
         hosts[rank as usize] = Some(shm::host_id());
@@ -145,6 +165,21 @@ impl Net {
             watchdog,
             pulse,
             watched_peers: cfg.watched_peers,
+            on_demand,
+        }
+    }
+
+    /// What opens links on demand, in a world that does (see ondemand.rs).
+    pub fn on_demand(&self) -> Option<Arc<OnDemand>> {
+        self.on_demand.clone()
+    }
+
+    /// The peer `rank`, connected first in a world that connects on demand.
+    fn peer(&self, rank: u32) -> Result<Peer> {
+        match (self.links.peer(rank), &self.on_demand) {
+            (Some(p), _) => Ok(p),
+            (None, Some(d)) => d.connect(rank),
+            (None, None) => Err(Error::internal(format!("no link to world rank {rank}"))),
         }
     }
 
@@ -167,9 +202,7 @@ impl Net {
     fn channel(&self, peer: u32) -> Result<Arc<dyn Channel>> {
         match peer == self.rank {
             true => Ok(self.local.clone()),
-            false => {
-                self.links.channel(peer).ok_or_else(|| Error::internal(format!("no channel to world rank {peer}")))
-            }
+            false => self.peer(peer).map(|p| p.channel),
         }
     }
 
@@ -183,7 +216,13 @@ impl Net {
     }
 
     pub fn transport(&self, peer: u32) -> &'static str {
-        self.channel(peer).map_or("none", |c| c.name())
+        match (peer == self.rank, self.links.channel(peer)) {
+            (true, _) => self.local.name(),
+            (false, Some(c)) => c.name(),
+            // Not connected yet: it will be over TCP.
+            (false, None) if self.on_demand.is_some() && (peer as usize) < self.links.len() => "tcp",
+            (false, None) => "none",
+        }
     }
 
     /// Receives the data frame `key` on its sender's channel (see [`Channel::recv`]).
@@ -211,14 +250,30 @@ impl Net {
     }
 
     /// Sends one frame to world rank `dst`: a data frame on its channel, any other on its link.
+    /// A frame to a peer that left on purpose is void, as over a link it closed (see
+    /// `Link::departed_before`): nobody will read it.
     pub fn send(&self, dst: u32, hdr: &FrameHeader, payload: &[u8]) -> Result<()> {
         if matches!(hdr.kind, FrameKind::Collective | FrameKind::P2p) || dst == self.rank {
-            return self.channel(dst)?.send(hdr, payload);
+            return match self.channel(dst) {
+                Err(_) if self.inbox.has_departed(dst) => Ok(()),
+                c => c?.send(hdr, payload),
+            };
         }
-        let link = self.links.get(dst).ok_or_else(|| Error::internal(format!("no link to world rank {dst}")))?;
         if let Some(reason) = self.inbox.failed_reason(dst) {
             return Err(Error::rank_failed(vec![dst], format!("world rank {dst} failed earlier: {reason}")));
         }
+        let link = match self.links.get(dst) {
+            Some(link) => link,
+            // Told to the ranks this one has links to, who pass it on (heartbeat.rs): dialing
+            // every member when an operation fails would cost the job n² connections.
+            None if self.on_demand.is_some() && matches!(hdr.kind, FrameKind::Abandon | FrameKind::Revoke) => {
+                return Ok(())
+            }
+            None => match self.peer(dst) {
+                Err(_) if self.inbox.has_departed(dst) => return Ok(()),
+                p => p?.link,
+            },
+        };
         let Err(e) = link.send(hdr, payload) else { return Ok(()) };
         if link.departed_before(&self.inbox, dst) {
             return Ok(());
@@ -229,7 +284,10 @@ impl Net {
 
     /// Starts sending one data frame to world rank `dst` (see [`Channel::send_start`]).
     pub fn send_start(&self, dst: u32, hdr: &FrameHeader, payload: &[u8]) -> Result<Option<u64>> {
-        self.channel(dst)?.send_start(hdr, payload)
+        match self.channel(dst) {
+            Err(_) if self.inbox.has_departed(dst) => Ok(None),
+            c => c?.send_start(hdr, payload),
+        }
     }
 
     /// Waits until world rank `dst` has read frame `index` (see [`Channel::send_wait`]).
@@ -248,7 +306,12 @@ impl Net {
     /// may take silence for a failure, since an unwatched link may carry nothing for long.
     pub fn watches(&self, peer: u32) -> bool {
         let failed = self.inbox.failed();
-        let live = self.links.all().into_iter().map(|(r, _)| r).filter(|r| !failed.contains_key(r));
+        let ranks: Vec<u32> = match self.on_demand {
+            // As the watchdog does: every rank of the world, linked or not.
+            Some(_) => (0..self.links.len() as u32).collect(),
+            None => self.links.all().into_iter().map(|(r, _)| r).collect(),
+        };
+        let live = ranks.into_iter().filter(|r| *r != self.rank && !failed.contains_key(r));
         heartbeat::watches(self.rank, peer, live, self.watched_peers)
     }
 
@@ -284,7 +347,7 @@ pub(crate) fn incarnation() -> u64 {
 }
 
 /// Tells the peer of `link` who this process is and where its pulses come from.
-fn introduce(link: &dyn Link, pulse: Option<&pulse::Pulse>) {
+pub(crate) fn introduce(link: &dyn Link, pulse: Option<&pulse::Pulse>) {
     let mut intro = [0u8; 10];
     intro[0..8].copy_from_slice(&incarnation().to_le_bytes());
     intro[8..10].copy_from_slice(&pulse.map_or(0, |p| p.port()).to_le_bytes());
@@ -301,6 +364,10 @@ fn introduce(link: &dyn Link, pulse: Option<&pulse::Pulse>) {
 
 impl Drop for Net {
     fn drop(&mut self) {
+        // No new links once the world ends.
+        if let Some(on) = &self.on_demand {
+            on.close();
+        }
         // Stop watching before the links close, or their closing would look like failures.
         drop(self.watchdog.take());
         // A goodbye carries what this rank lost: the peers learn why it left with it.

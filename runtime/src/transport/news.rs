@@ -45,6 +45,20 @@ pub(crate) fn encode(faults: &[(u64, Fault)]) -> Vec<u8> {
     out
 }
 
+/// A [`FrameKind::Relay`](crate::wire::FrameKind::Relay) payload: news of `reporter` (an
+/// incarnation), passed on.
+pub(crate) fn encode_relay(reporter: u64, faults: &[(u64, Fault)]) -> Vec<u8> {
+    let mut out = reporter.to_le_bytes().to_vec();
+    out.extend_from_slice(&encode(faults));
+    out
+}
+
+/// Decodes what [`encode_relay`] made; `None` for anything malformed.
+pub(crate) fn decode_relay(b: &[u8]) -> Option<(u64, Vec<(u64, Fault)>)> {
+    let (reporter, rest) = b.split_first_chunk::<8>()?;
+    Some((u64::from_le_bytes(*reporter), decode(rest)?))
+}
+
 /// Decodes what [`encode`] made; `None` for anything malformed.
 pub(crate) fn decode(b: &[u8]) -> Option<Vec<(u64, Fault)>> {
     let (n, mut rest) = b.split_first_chunk::<4>()?;

@@ -197,6 +197,7 @@ fn header(c: &Conn, rx: &mut Rx) -> Result<bool, Fault> {
             | FrameKind::Abandon
             | FrameKind::Revoke
             | FrameKind::Intro
+            | FrameKind::Relay
     );
     match hdr.kind {
         FrameKind::Heartbeat if hdr.len == 0 => return Ok(false),
@@ -204,7 +205,7 @@ fn header(c: &Conn, rx: &mut Rx) -> Result<bool, Fault> {
             return Err(Fault::cut(format!("refused a {:?} frame carrying {} bytes", hdr.kind, hdr.len)))
         }
         FrameKind::Revoke => {
-            c.inbox.revoke(hdr.comm_id);
+            c.inbox.note_revoke(c.peer, hdr);
             return Ok(false);
         }
         _ if control && hdr.len > CONTROL_MAX as u64 => {
@@ -248,8 +249,12 @@ fn file(c: &Conn, rx: &mut Rx, hdr: FrameHeader) -> Result<bool, Option<Fault>> 
             return Err(Some(Fault::cut(format!("it declared this rank dead ({why}) and closed the connection"))));
         }
         FrameKind::Suspect => match news::decode(&payload) {
-            Some(faults) => inbox.note_suspects(peer, faults),
+            Some(faults) => inbox.note_suspects(peer, faults, peer),
             None => return Err(Some(Fault::cut("refused a malformed suspect frame and closed the connection"))),
+        },
+        FrameKind::Relay => match news::decode_relay(&payload) {
+            Some((reporter, faults)) => inbox.note_relayed(reporter, faults, peer),
+            None => return Err(Some(Fault::cut("refused a malformed relay frame and closed the connection"))),
         },
         FrameKind::Abandon => inbox.note_abandon(peer, hdr, &payload),
         _ => {

@@ -1,0 +1,285 @@
+//! Which links a world opens as it forms, and how the others open later (transport/ondemand.rs).
+//!
+//! Each rank's record in the store says where it listens and what a peer needs to decide about
+//! it without a connection: its incarnation (how news names it), its host, whether it allows
+//! shared memory, how many neighbours it watches and up to what size it connects every pair
+//! (`HCCN_FULL_MESH_UP_TO`). A world larger than that opens, as it forms, only the links that
+//! failure detection and news need and the shared-memory pairs: the `k` nearest ranks on each
+//! side in the ring (the watched neighbours) and the hypercube partners (rank xor 2^i: news
+//! passed on along them reaches every rank in log2(n) hops; the binomial trees of the
+//! link-cost broadcast and of rooted collectives from rank 0 are made of them too). Every
+//! other link opens on its first frame: the dialer's hello says it asks on demand, and the
+//! acceptor, a thread for the world's lifetime, answers whether it keeps the connection.
+
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::bootstrap::{hello, parse_hello};
+use crate::auth::{self, Purpose};
+use crate::config::{Config, Transport};
+use crate::error::{Error, ErrorKind, Result};
+use crate::transport::tcp::send_all;
+use crate::transport::{shm::HostId, Connector, Dialed, OnDemand};
+
+/// Set in the size field of a hello that asks for a connection on demand: a rank still forming
+/// its world refuses it (it expects only the links the world forms with), and the dialer asks
+/// again.
+pub(crate) const ON_DEMAND: u32 = 1 << 31;
+
+/// What a rank publishes about itself (see the module's documentation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Record {
+    pub addr: SocketAddr,
+    pub incarnation: u64,
+    pub host: HostId,
+    pub shm: bool,
+    pub watched: u32,
+    pub full_mesh_up_to: u32,
+}
+
+impl Record {
+    pub fn mine(addr: SocketAddr, cfg: &Config) -> Record {
+        Record {
+            addr,
+            incarnation: crate::transport::incarnation(),
+            host: crate::transport::shm::host_id(),
+            shm: cfg.transport != Transport::Tcp,
+            watched: cfg.watched_peers as u32,
+            full_mesh_up_to: cfg.full_mesh_up_to,
+        }
+    }
+
+    pub fn encode(&self) -> String {
+        let host: String = self.host.iter().map(|b| format!("{b:02x}")).collect();
+        let shm = u8::from(self.shm);
+        format!("{} {:x} {host} {shm} {} {}", self.addr, self.incarnation, self.watched, self.full_mesh_up_to)
+    }
+
+    pub fn parse(text: &str) -> Option<Record> {
+        let mut f = text.split(' ');
+        let addr = f.next()?.parse().ok()?;
+        let incarnation = u64::from_str_radix(f.next()?, 16).ok()?;
+        let hex = f.next()?;
+        let mut host = [0u8; 32];
+        if hex.len() != 64 {
+            return None;
+        }
+        for (i, b) in host.iter_mut().enumerate() {
+            *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+        }
+        let shm = match f.next()? {
+            "0" => false,
+            "1" => true,
+            _ => return None,
+        };
+        let watched = f.next()?.parse().ok()?;
+        let full_mesh_up_to = f.next()?.parse().ok()?;
+        f.next().is_none().then_some(Record { addr, incarnation, host, shm, watched, full_mesh_up_to })
+    }
+}
+
+/// Whether the world of these records connects on demand: it is larger than any of its ranks
+/// connects every pair up to.
+pub(crate) fn on_demand(records: &[Record]) -> bool {
+    let n = records.len() as u64;
+    records.iter().any(|r| n > u64::from(r.full_mesh_up_to))
+}
+
+/// Whether world ranks `a` and `b` connect as the world forms (the same answer on both sides).
+pub(crate) fn eager(a: u32, b: u32, records: &[Record]) -> bool {
+    let n = records.len() as u32;
+    if !on_demand(records) {
+        return true;
+    }
+    let (ra, rb) = (&records[a as usize], &records[b as usize]);
+    let d = (a + n - b) % n;
+    let k = ra.watched.max(rb.watched);
+    d.min(n - d) <= k || (a ^ b).is_power_of_two() || (ra.host == rb.host && ra.shm && rb.shm)
+}
+
+/// What opens the links a world of these `records` forms without (this is world rank `me`):
+/// none when it connects every pair.
+pub(crate) fn connector(
+    me: u32,
+    mesh: u64,
+    token: &[u8],
+    records: &[Record],
+    listener: TcpListener,
+    cfg: &Config,
+) -> Result<Option<Box<dyn Connector>>> {
+    if !on_demand(records) {
+        return Ok(None);
+    }
+    listener.set_nonblocking(true).map_err(|e| Error::io(ErrorKind::System, "listener", &e))?;
+    let addrs = records.iter().map(|r| r.addr).collect();
+    let size = records.len() as u32;
+    let (token, cfg, pending) = (token.into(), cfg.clone(), Default::default());
+    Ok(Some(Box::new(Dialer { me, size, mesh, token, addrs, listener, cfg, pending })))
+}
+
+/// Dials peers on demand at the addresses of the roster, and takes their connections at the
+/// listener the world formed with.
+pub(crate) struct Dialer {
+    pub me: u32,
+    pub size: u32,
+    pub mesh: u64,
+    pub token: Arc<[u8]>,
+    pub addrs: Vec<SocketAddr>,
+    pub listener: TcpListener,
+    pub cfg: Config,
+    /// Handshakes of connections on demand in progress.
+    pub pending: Arc<AtomicUsize>,
+}
+
+/// Handshakes of connections on demand in progress at once; connections beyond are closed
+/// unread (their dialers ask again), so a flood of stalled connections costs a bounded number
+/// of threads.
+const MAX_PENDING: usize = 64;
+
+/// How long a dialer waits between asks while the peer is still forming its world.
+const ASK_AGAIN: Duration = Duration::from_millis(10);
+/// Longest handshake of one ask, as for the links a world forms with: a live peer answers in
+/// milliseconds, but a crowded host (hundreds of ranks on two cores, all dialing after a
+/// failure) may take seconds to run its acceptor, and an ask given up after the acceptor kept the
+/// connection costs the pair a retry (see transport/ondemand.rs).
+const ASK_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Connector for Dialer {
+    fn listener(&self) -> RawFd {
+        self.listener.as_raw_fd()
+    }
+
+    fn accept(&self, on: &Arc<OnDemand>) {
+        loop {
+            let (sock, from) = match self.listener.accept() {
+                Ok(c) => c,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) => return tracing::warn!("connections on demand: {e}"),
+            };
+            if self.pending.load(Ordering::SeqCst) >= MAX_PENDING {
+                tracing::warn!(%from, "closed a connection on demand unread: {MAX_PENDING} handshakes in progress");
+                continue;
+            }
+            self.pending.fetch_add(1, Ordering::SeqCst);
+            let pending = self.pending.clone();
+            let (on, token, mesh, size) = (on.clone(), self.token.clone(), self.mesh, self.size);
+            let timeout = self.cfg.timeout.min(Duration::from_secs(10));
+            // A handshake of its own: a caller that stalls holds up nobody.
+            let spawned = std::thread::Builder::new().name("hccn-handshake".into()).spawn(move || {
+                accept_one(sock, mesh, size, &token, timeout, &on, from);
+                pending.fetch_sub(1, Ordering::SeqCst);
+            });
+            if let Err(e) = spawned {
+                self.pending.fetch_sub(1, Ordering::SeqCst);
+                tracing::warn!(%from, "refused a connection on demand: no thread for its handshake: {e}");
+            }
+        }
+    }
+
+    fn dial(&self, peer: u32, given_up: &dyn Fn() -> bool) -> Result<Dialed> {
+        let addr =
+            *self.addrs.get(peer as usize).ok_or_else(|| Error::internal(format!("no address of rank {peer}")))?;
+        let deadline = Instant::now() + self.cfg.timeout;
+        loop {
+            // Every rank listened before it published its record, until its world ends: a
+            // refusal means the peer is gone.
+            let mut sock = match TcpStream::connect_timeout(&addr, self.cfg.timeout) {
+                Ok(s) => s,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Ok(Dialed::Gone),
+                Err(e) => {
+                    return Err(Error::io(ErrorKind::Connect, format!("connect to world rank {peer} at {addr}"), &e))
+                }
+            };
+            let asked = self.ask(&mut sock, peer);
+            match asked {
+                Ok(true) => return Ok(Dialed::Kept(sock)),
+                Ok(false) => return Ok(Dialed::Theirs),
+                Err(e) if Instant::now() >= deadline || given_up() => return Err(e),
+                // No answer: the peer is still forming its world.
+                Err(_) => std::thread::sleep(ASK_AGAIN),
+            }
+        }
+    }
+}
+
+impl Dialer {
+    /// Authenticates, says who is calling and reads whether the peer keeps the connection, in
+    /// at most [`ASK_TIMEOUT`] (then the dial asks again, unless it gave up).
+    fn ask(&self, sock: &mut TcpStream, peer: u32) -> Result<bool> {
+        let timeout = self.cfg.timeout.min(ASK_TIMEOUT);
+        let err = |what: &'static str| move |e: std::io::Error| Error::io(ErrorKind::Connect, what, &e);
+        sock.set_read_timeout(Some(timeout)).map_err(err("socket"))?;
+        auth::client(sock, &self.token, Purpose::Peer, timeout).map_err(|e| e.context(format!("world rank {peer}")))?;
+        send_all(sock, &hello(self.mesh, self.me, self.size | ON_DEMAND), &[]).map_err(err("hello"))?;
+        let mut answer = [0u8; 1];
+        sock.read_exact(&mut answer).map_err(err("no answer to a connection on demand"))?;
+        Ok(answer[0] == 1)
+    }
+}
+
+fn accept_one(
+    mut sock: TcpStream,
+    mesh: u64,
+    size: u32,
+    token: &[u8],
+    timeout: Duration,
+    on: &OnDemand,
+    from: SocketAddr,
+) {
+    let admitted = (|| -> Result<bool> {
+        sock.set_nonblocking(false).map_err(|e| Error::io(ErrorKind::System, "peer socket", &e))?;
+        auth::server(&mut sock, token, Purpose::Peer, timeout)?;
+        let mut h = [0u8; 16];
+        sock.read_exact(&mut h).map_err(|e| Error::io(ErrorKind::Connect, "peer left before saying who it is", &e))?;
+        let (their_mesh, rank, their_size) = parse_hello(&h);
+        if their_mesh != mesh || their_size != size | ON_DEMAND || rank >= size {
+            return Err(Error::new(ErrorKind::Connect, "not a connection on demand of this world"));
+        }
+        on.admit(rank, sock)
+    })();
+    if let Err(e) = admitted {
+        tracing::warn!(%from, "refused a connection on demand: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(port: u16, host: u8, shm: bool) -> Record {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        Record { addr, incarnation: u64::from(port) << 20, host: [host; 32], shm, watched: 2, full_mesh_up_to: 16 }
+    }
+
+    #[test]
+    fn records_round_trip_and_garbage_is_refused() {
+        let r = record(4242, 7, true);
+        assert_eq!(Record::parse(&r.encode()), Some(r.clone()));
+        assert_eq!(Record::parse("127.0.0.1:1"), None);
+        assert_eq!(Record::parse(&format!("{} extra", r.encode())), None);
+        assert_eq!(Record::parse(&r.encode().replace(" 1 ", " 2 ")), None);
+    }
+
+    #[test]
+    fn small_worlds_connect_every_pair_large_ones_ring_hypercube_and_shared_memory() {
+        let small: Vec<Record> = (0..16).map(|r| record(r, 1, false)).collect();
+        assert!((0..16).all(|a| (0..16).all(|b| a == b || eager(a, b, &small))));
+        let n = 64u32;
+        let tcp: Vec<Record> = (0..n).map(|r| record(r as u16, 1, false)).collect();
+        for a in 0..n {
+            let peers: Vec<u32> = (0..n).filter(|&b| b != a && eager(a, b, &tcp)).collect();
+            assert!(peers.iter().all(|&b| eager(b, a, &tcp)), "the rule is symmetric");
+            // 2 on each side, and the 6 hypercube partners (some of them neighbours already).
+            assert!(peers.len() <= 4 + 6, "rank {a}: {peers:?}");
+            assert!(peers.contains(&((a + 1) % n)) && peers.contains(&(a ^ 32)));
+        }
+        // Shared memory between the ranks of one host that allow it: every such pair.
+        let mixed: Vec<Record> = (0..n).map(|r| record(r as u16, (r % 2) as u8, true)).collect();
+        assert!(eager(0, 10, &mixed) && !eager(0, 11, &tcp) && !eager(0, 11, &mixed));
+    }
+}

@@ -1,0 +1,272 @@
+//! Connections on demand (worlds larger than `HCCN_FULL_MESH_UP_TO`): a world forms with the
+//! links its failure detection and news need (rendezvous/ondemand.rs says which), and every
+//! other link opens the first time a frame goes to that peer, from either side.
+//!
+//! Both sides of a pair may dial each other at once. One connection must win on both sides:
+//! the one dialed by the lower rank. The acceptor answers each dial with one byte, and decides
+//! under the same lock under which this side starts its own dials: it keeps the dialer's
+//! connection (answer 1) unless it has a link already (its own dial won first) or is dialing
+//! the dialer itself and has the lower rank (answer 0: the dialer then waits for the acceptor's
+//! own connection to arrive on its side).
+
+use std::collections::HashSet;
+use std::net::TcpStream;
+use std::os::fd::RawFd;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use super::channel::Progress;
+use super::net::{introduce, LinkTable, Peer};
+#[cfg(doc)]
+use super::Net;
+use super::{pulse, tcp, Inbox};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::sync::Locked;
+
+/// What a dial found.
+pub(crate) enum Dialed {
+    /// A socket past the handshake, which the peer keeps.
+    Kept(TcpStream),
+    /// The peer's own connection to this rank wins: it arrives through the acceptor.
+    Theirs,
+    /// Nothing listens at the peer's address any more: its process ended, or its world did.
+    Gone,
+}
+
+/// Opens authenticated connections to peers and takes theirs (rendezvous/ondemand.rs).
+pub(crate) trait Connector: Send + Sync {
+    /// Dials world rank `peer`, until `given_up` says so (the peer is known lost meanwhile: a
+    /// frozen one accepts connections in its kernel but never answers).
+    fn dial(&self, peer: u32, given_up: &dyn Fn() -> bool) -> Result<Dialed>;
+    /// The listening socket, readable when a peer dials.
+    fn listener(&self) -> RawFd;
+    /// Takes the connections waiting at the listener without blocking, each handshaken on a
+    /// thread of its own that ends with [`OnDemand::admit`]. The world's watchdog calls it when
+    /// the listener is readable: no thread waits for connections that may never come.
+    fn accept(&self, on: &Arc<OnDemand>);
+}
+
+/// What makes and installs links on demand for one world.
+pub(crate) struct OnDemand {
+    pub me: u32,
+    links: Arc<LinkTable>,
+    inbox: Arc<Inbox>,
+    pulse: Option<Arc<pulse::Pulse>>,
+    progress: Option<Progress>,
+    cfg: Config,
+    connector: Box<dyn Connector>,
+    /// The world ended: no more links.
+    closed: std::sync::atomic::AtomicBool,
+    /// Peers this rank is dialing now.
+    dialing: Mutex<HashSet<u32>>,
+    /// Peers dialed on threads of their own (see [`OnDemand::connect_aside`]).
+    aside: Mutex<HashSet<u32>>,
+    /// Signalled when a link is installed or a dial ends.
+    settled: Condvar,
+}
+
+impl OnDemand {
+    pub fn new(
+        me: u32,
+        links: Arc<LinkTable>,
+        inbox: Arc<Inbox>,
+        pulse: Option<Arc<pulse::Pulse>>,
+        progress: Option<Progress>,
+        cfg: &Config,
+        connector: Box<dyn Connector>,
+    ) -> OnDemand {
+        OnDemand {
+            me,
+            links,
+            inbox,
+            pulse,
+            progress,
+            cfg: cfg.clone(),
+            connector,
+            closed: std::sync::atomic::AtomicBool::new(false),
+            dialing: Mutex::new(HashSet::new()),
+            aside: Mutex::new(HashSet::new()),
+            settled: Condvar::new(),
+        }
+    }
+
+    /// The listening socket (see [`Connector::listener`]).
+    pub fn listener(&self) -> RawFd {
+        self.connector.listener()
+    }
+
+    /// Takes the connections waiting at the listener (see [`Connector::accept`]).
+    pub fn accept(self: &Arc<Self>) {
+        if !self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            self.connector.accept(self);
+        }
+    }
+
+    /// The world ends: connections still being handshaken are refused.
+    pub fn close(&self) {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The link to world rank `peer`, connecting first if there is none yet.
+    pub fn connect(&self, peer: u32) -> Result<Peer> {
+        if let Some(p) = self.links.peer(peer) {
+            return Ok(p);
+        }
+        if peer == self.me || peer as usize >= self.links.len() {
+            return Err(Error::internal(format!("no link to world rank {peer}")));
+        }
+        // Not dialed once any rank lost it: a frozen process's kernel takes the connection but
+        // nothing answers.
+        if let Some(reason) = self.inbox.lost_anywhere(peer) {
+            return Err(Error::rank_failed(vec![peer], format!("world rank {peer} failed earlier: {reason}")));
+        }
+        let deadline = Instant::now() + self.cfg.timeout;
+        {
+            let mut dialing = self.dialing.locked();
+            loop {
+                if let Some(p) = self.links.peer(peer) {
+                    return Ok(p);
+                }
+                if !dialing.contains(&peer) {
+                    break;
+                }
+                // Another thread of this rank is dialing it.
+                dialing = self.wait(dialing, peer, deadline)?;
+            }
+            dialing.insert(peer);
+        }
+        let dialed = self.connector.dial(peer, &|| self.inbox.lost_anywhere(peer).is_some());
+        let mut dialing = self.dialing.locked();
+        dialing.remove(&peer);
+        self.settled.notify_all();
+        match dialed {
+            Ok(Dialed::Kept(sock)) => {
+                let p = self.install(peer, sock)?;
+                drop(dialing);
+                introduce(p.link.as_ref(), self.pulse.as_deref());
+                tracing::debug!(me = self.me, peer, "connected on demand");
+                Ok(p)
+            }
+            Ok(Dialed::Theirs) => loop {
+                if let Some(p) = self.links.peer(peer) {
+                    return Ok(p);
+                }
+                dialing = self.wait(dialing, peer, deadline)?;
+            },
+            Ok(Dialed::Gone) => {
+                drop(dialing);
+                Err(self.gone(peer))
+            }
+            Err(e) => {
+                drop(dialing);
+                let why = format!("could not connect: {}", e.message());
+                self.inbox.mark_failed(peer, super::Fault::cut(why.clone()));
+                Err(Error::rank_failed(vec![peer], format!("world rank {peer} is unreachable: {why}")))
+            }
+        }
+    }
+
+    /// The error for a peer whose listener is closed. Its process crashed (its links' other
+    /// ends saw that, and their news comes within moments) or it left on purpose (only the
+    /// ranks it had links to heard its goodbye): a departure unless news says otherwise, so
+    /// that a rank that left right after its own error is not blamed (see [`Net::send`]).
+    fn gone(&self, peer: u32) -> Error {
+        let until = Instant::now() + super::WITHDRAW_GRACE;
+        while Instant::now() < until && self.inbox.lost_anywhere(peer).is_none() {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        match self.inbox.lost_anywhere(peer) {
+            Some(reason) => Error::rank_failed(vec![peer], format!("world rank {peer} failed: {reason}")),
+            None => {
+                self.inbox.mark_departed(peer, Vec::new());
+                super::departure(peer, &[])
+            }
+        }
+    }
+
+    /// Connects to `peer` on a thread of its own unless one is at it already (the watchdog's
+    /// new neighbour after a failure: the watchdog must not wait for a dial).
+    pub fn connect_aside(self: &Arc<Self>, peer: u32) {
+        if !self.aside.locked().insert(peer) {
+            return;
+        }
+        let on = self.clone();
+        let spawned = std::thread::Builder::new().name("hccn-dial".into()).spawn(move || {
+            if let Err(e) = on.connect(peer) {
+                tracing::debug!(peer, "no link to a new neighbour: {e}");
+            }
+            on.aside.locked().remove(&peer);
+        });
+        if spawned.is_err() {
+            self.aside.locked().remove(&peer);
+        }
+    }
+
+    /// Waits (a slice at a time) for a change to the dials or links, until `deadline` or until
+    /// `peer` is known failed.
+    fn wait<'a>(
+        &self,
+        dialing: std::sync::MutexGuard<'a, HashSet<u32>>,
+        peer: u32,
+        deadline: Instant,
+    ) -> Result<std::sync::MutexGuard<'a, HashSet<u32>>> {
+        if let Some(reason) = self.inbox.lost_anywhere(peer) {
+            return Err(Error::rank_failed(vec![peer], format!("world rank {peer} failed: {reason}")));
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Error::timeout(format!(
+                "no connection with world rank {peer} within {} ms (HCCN_TIMEOUT_MS)",
+                self.cfg.timeout.as_millis()
+            )));
+        }
+        let (g, _) = self
+            .settled
+            .wait_timeout(dialing, left.min(Duration::from_millis(20)))
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Ok(g)
+    }
+
+    /// The acceptor's decision on a connection dialed by world rank `peer`, told to the dialer
+    /// in one byte (see the module's documentation): a connection kept is installed before this
+    /// returns true.
+    pub fn admit(&self, peer: u32, sock: TcpStream) -> Result<bool> {
+        let answer = |keep: bool| {
+            tcp::send_all(&sock, &[u8::from(keep)], &[])
+                .map_err(|e| Error::io(crate::error::ErrorKind::Connect, format!("answer to world rank {peer}"), &e))
+        };
+        if peer == self.me || peer as usize >= self.links.len() {
+            return answer(false).map(|()| false);
+        }
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(false);
+        }
+        let dialing = self.dialing.locked();
+        let theirs_wins = !dialing.contains(&peer) || peer < self.me;
+        if self.links.peer(peer).is_some() || !theirs_wins {
+            return answer(false).map(|()| false);
+        }
+        answer(true)?;
+        let p = self.install(peer, sock)?;
+        drop(dialing);
+        self.settled.notify_all();
+        introduce(p.link.as_ref(), self.pulse.as_deref());
+        tracing::debug!(me = self.me, peer, "accepted on demand");
+        Ok(true)
+    }
+
+    /// Starts the link on `sock` and files it as `peer`'s (called under `dialing`).
+    fn install(&self, peer: u32, sock: TcpStream) -> Result<Peer> {
+        let link = tcp::start_link(sock, peer, &self.inbox, &self.cfg)?;
+        let channel = Arc::new(tcp::TcpChannel {
+            peer,
+            link: link.clone(),
+            inbox: self.inbox.clone(),
+            progress: self.progress.clone(),
+        });
+        let p = Peer { link, channel };
+        self.links.set(peer, p.clone());
+        Ok(p)
+    }
+}
