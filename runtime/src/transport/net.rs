@@ -202,7 +202,10 @@ impl Net {
     fn channel(&self, peer: u32) -> Result<Arc<dyn Channel>> {
         match peer == self.rank {
             true => Ok(self.local.clone()),
-            false => self.peer(peer).map(|p| p.channel),
+            false => match self.links.channel(peer) {
+                Some(c) => Ok(c),
+                None => self.peer(peer).map(|p| p.channel),
+            },
         }
     }
 
