@@ -62,9 +62,32 @@ pub(crate) fn connect_peer(
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
     };
-    auth::client(&mut sock, token, Purpose::Peer, cfg.timeout).map_err(|e| e.context(format!("world rank {peer}")))?;
-    send_all(&sock, &hello(mesh, rank, size), &[]).map_err(|e| Error::io(ErrorKind::Connect, "hello", &e))?;
+    say_hello(&mut sock, peer, (mesh, rank, size), token, cfg.timeout)?;
     Ok(sock)
+}
+
+/// The caller's side of a handshake on a connected socket to world rank `peer`: authenticates
+/// and says who is calling ([`hello`]: mesh, rank, size).
+pub(crate) fn say_hello(
+    sock: &mut TcpStream,
+    peer: u32,
+    (mesh, rank, size): (u64, u32, u32),
+    token: &[u8],
+    timeout: Duration,
+) -> Result<()> {
+    auth::client(sock, token, Purpose::Peer, timeout).map_err(|e| e.context(format!("world rank {peer}")))?;
+    send_all(sock, &hello(mesh, rank, size), &[]).map_err(|e| Error::io(ErrorKind::Connect, "hello", &e))
+}
+
+/// The acceptor's side: authenticates an incoming connection and reads its [`hello`] (mesh,
+/// rank, size), all within `timeout`.
+pub(crate) fn hear_hello(sock: &mut TcpStream, token: &[u8], timeout: Duration) -> Result<(u64, u32, u32)> {
+    sock.set_nonblocking(false).map_err(|e| Error::io(ErrorKind::System, "peer socket", &e))?;
+    auth::server(sock, token, Purpose::Peer, timeout)?;
+    let mut h = [0u8; 16];
+    // Still under the handshake's read timeout.
+    sock.read_exact(&mut h).map_err(|e| Error::io(ErrorKind::Connect, "peer left before saying who it is", &e))?;
+    Ok(parse_hello(&h))
 }
 
 /// Handshakes in progress at once while a mesh forms; connections beyond wait to be accepted.
@@ -208,12 +231,7 @@ fn admit_peer(
     token: &[u8],
     timeout: Duration,
 ) -> Result<(u32, TcpStream)> {
-    sock.set_nonblocking(false).map_err(|e| Error::io(ErrorKind::System, "peer socket", &e))?;
-    auth::server(&mut sock, token, Purpose::Peer, timeout)?;
-    let mut h = [0u8; 16];
-    // Still under the handshake's read timeout.
-    sock.read_exact(&mut h).map_err(|e| Error::io(ErrorKind::Connect, "peer left before saying who it is", &e))?;
-    let (their_mesh, their_rank, their_size) = parse_hello(&h);
+    let (their_mesh, their_rank, their_size) = hear_hello(&mut sock, token, timeout)?;
     if their_mesh == mesh && their_size == size | ON_DEMAND {
         return Err(Error::new(ErrorKind::Connect, format!("world rank {their_rank} {EARLY}")));
     }

@@ -19,11 +19,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::bootstrap::{hello, parse_hello};
-use crate::auth::{self, Purpose};
+use super::bootstrap::{hear_hello, say_hello};
 use crate::config::{Config, Transport};
 use crate::error::{Error, ErrorKind, Result};
-use crate::transport::tcp::send_all;
 use crate::transport::{shm::HostId, Connector, Dialed, OnDemand};
 
 /// Set in the size field of a hello that asks for a connection on demand: a rank still forming
@@ -214,8 +212,7 @@ impl Dialer {
         let timeout = self.cfg.timeout.min(ASK_TIMEOUT);
         let err = |what: &'static str| move |e: std::io::Error| Error::io(ErrorKind::Connect, what, &e);
         sock.set_read_timeout(Some(timeout)).map_err(err("socket"))?;
-        auth::client(sock, &self.token, Purpose::Peer, timeout).map_err(|e| e.context(format!("world rank {peer}")))?;
-        send_all(sock, &hello(self.mesh, self.me, self.size | ON_DEMAND), &[]).map_err(err("hello"))?;
+        say_hello(sock, peer, (self.mesh, self.me, self.size | ON_DEMAND), &self.token, timeout)?;
         let mut answer = [0u8; 1];
         sock.read_exact(&mut answer).map_err(err("no answer to a connection on demand"))?;
         Ok(answer[0] == 1)
@@ -232,11 +229,7 @@ fn accept_one(
     from: SocketAddr,
 ) {
     let admitted = (|| -> Result<bool> {
-        sock.set_nonblocking(false).map_err(|e| Error::io(ErrorKind::System, "peer socket", &e))?;
-        auth::server(&mut sock, token, Purpose::Peer, timeout)?;
-        let mut h = [0u8; 16];
-        sock.read_exact(&mut h).map_err(|e| Error::io(ErrorKind::Connect, "peer left before saying who it is", &e))?;
-        let (their_mesh, rank, their_size) = parse_hello(&h);
+        let (their_mesh, rank, their_size) = hear_hello(&mut sock, token, timeout)?;
         if their_mesh != mesh || their_size != size | ON_DEMAND || rank >= size {
             return Err(Error::new(ErrorKind::Connect, "not a connection on demand of this world"));
         }
