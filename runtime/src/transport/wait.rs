@@ -227,9 +227,6 @@ impl Backoff<'_> {
 pub(crate) struct Wait {
     spin: Duration,
     yields: u32,
-    /// This process may use fewer cores than the host has local ranks (see
-    /// [`Wait::fewer_cores_than_ranks`]).
-    narrow: bool,
 }
 
 impl Wait {
@@ -238,25 +235,15 @@ impl Wait {
     /// launcher that binds each rank to a core of its own (hccnrun or mpirun --bind-to core)
     /// leaves it one, yet no rank waits for another on its core.
     pub(crate) fn for_local_ranks(local: usize) -> Wait {
-        let host = super::starved::host_cores() as usize;
-        let mine = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let narrow = local > mine;
-        match local <= host {
-            true => Wait { spin: SPIN, yields: 0, narrow },
-            false => Wait { spin: Duration::ZERO, yields: OVERSUBSCRIBED_YIELDS, narrow },
+        match local <= super::starved::host_cores() as usize {
+            true => Wait { spin: SPIN, yields: 0 },
+            false => Wait { spin: Duration::ZERO, yields: OVERSUBSCRIBED_YIELDS },
         }
     }
 
     /// The host's ranks outnumber its cores: waiters yield rather than spin.
     pub(crate) fn shares_cores(&self) -> bool {
         self.spin.is_zero()
-    }
-
-    /// This process may run on fewer cores than there are ranks on the host (they outnumber the
-    /// cores, or it is bound to a few): the rings' choice between copying and reading in place
-    /// (shm/mod.rs `single_copy`) was measured that way.
-    pub(crate) fn fewer_cores_than_ranks(&self) -> bool {
-        self.narrow || self.shares_cores()
     }
 }
 
@@ -296,10 +283,10 @@ mod tests {
 
     #[test]
     fn ranks_that_outnumber_the_cores_keep_their_own_policy() {
-        let shared = Wait { spin: Duration::ZERO, yields: OVERSUBSCRIBED_YIELDS, narrow: true };
+        let shared = Wait { spin: Duration::ZERO, yields: OVERSUBSCRIBED_YIELDS };
         let b = Backoff::learning(shared);
         assert!(!b.learns && b.yields == OVERSUBSCRIBED_YIELDS && !b.spinning);
-        let own = Wait { spin: SPIN, yields: 0, narrow: false };
+        let own = Wait { spin: SPIN, yields: 0 };
         assert!(Backoff::learning(own).learns);
         assert!(!Backoff::new(own).learns, "the rings' waits for large frames do not learn");
     }
