@@ -11,7 +11,7 @@
 //! fingerprint), and board calls are numbered then ("turns"), so that every rank gives the same
 //! call the same slot even when streams run them in another order. The board itself is made by
 //! the first board call: rank 0 creates the file and names it, every rank maps it and says so,
-//! rank 0 unlinks it and announces whether all succeeded. If not, every board call of the
+//! rank 0 unlinks it and announces whether all succeeded (along rank 0's binomial tree). If not, every board call of the
 //! communicator goes to the message algorithms instead; all ranks know the same verdict.
 
 use crate::sync::{Locked, Waits};
@@ -142,29 +142,66 @@ impl BoardCell {
     }
 }
 
-/// Makes the board (run by every rank in the communicator's first board operation).
+/// Makes the board (run by every rank in the communicator's first board operation). The name,
+/// whether every rank mapped it and the verdict travel along rank 0's binomial tree, whose
+/// links a world that connects on demand forms with: a star from rank 0 would link it with
+/// every rank of the host.
 fn make(ctx: &Ctx<'_>) -> Result<Option<Board>> {
     let (n, me) = (ctx.size(), ctx.rank());
-    if me != 0 {
-        let msg = ctx.recv(0, TAG_NAME, NAME_MSG)?;
-        let len = usize::from(msg[0]).min(NAME_MSG - 1);
-        let path = String::from_utf8_lossy(&msg[1..1 + len]).into_owned();
-        let board = (len > 0)
-            .then(|| ctx.net().open_board(&path, n, me))
-            .transpose()
-            .map_err(|e| tracing::warn!("no shared-memory board ({path}: {e}); small collectives use messages"))
-            .ok()
-            .flatten();
-        ctx.send(0, TAG_MAPPED, &[board.is_some() as u8])?;
-        let verdict = ctx.recv(0, TAG_VERDICT, 1)?;
-        return Ok(board.filter(|_| verdict[0] == 1));
-    }
+    let (parent, children) = super::tree::family(me, 0, n);
+    let (board, name) = match parent {
+        None => create(ctx),
+        Some(p) => {
+            let mut name = [0u8; NAME_MSG];
+            let msg = ctx.recv(p, TAG_NAME, NAME_MSG)?;
+            let got = msg.len().min(NAME_MSG);
+            name[..got].copy_from_slice(&msg[..got]);
+            let len = usize::from(name[0]).min(NAME_MSG - 1);
+            let path = String::from_utf8_lossy(&name[1..1 + len]).into_owned();
+            let board = (len > 0)
+                .then(|| ctx.net().open_board(&path, n, me))
+                .transpose()
+                .map_err(|e| tracing::warn!("no shared-memory board ({path}: {e}); small collectives use messages"))
+                .ok()
+                .flatten();
+            (board, name)
+        }
+    };
+    let below = (|| -> Result<bool> {
+        let mut all = board.is_some();
+        children.iter().try_for_each(|&c| ctx.send(c, TAG_NAME, &name))?;
+        for &c in &children {
+            all &= ctx.recv(c, TAG_MAPPED, 1)?[0] == 1;
+        }
+        Ok(all)
+    })();
+    let verdict = match parent {
+        None => {
+            // Mapped everywhere it will be (or never will be): the name is no longer needed.
+            let len = usize::from(name[0]).min(NAME_MSG - 1);
+            if len > 0 {
+                let _ = std::fs::remove_file(String::from_utf8_lossy(&name[1..1 + len]).as_ref());
+            }
+            below?
+        }
+        Some(p) => {
+            ctx.send(p, TAG_MAPPED, &[below? as u8])?;
+            ctx.recv(p, TAG_VERDICT, 1)?[0] == 1
+        }
+    };
+    children.iter().try_for_each(|&c| ctx.send(c, TAG_VERDICT, &[verdict as u8]))?;
+    Ok(board.filter(|_| verdict))
+}
+
+/// Rank 0's part: creates the board's file; returns it and the name message (an empty name when
+/// there is no board).
+fn create(ctx: &Ctx<'_>) -> (Option<Board>, [u8; NAME_MSG]) {
     let (id, epoch) = ctx.comm_id();
     let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     let path = format!("/dev/shm/hccn-board-{}-{id:016x}-{epoch}-{nonce:08x}", std::process::id());
     let board = ctx
         .net()
-        .create_board(&path, n, me)
+        .create_board(&path, ctx.size(), ctx.rank())
         .map_err(|e| tracing::warn!("no shared-memory board ({path}: {e}); small collectives use messages"))
         .ok();
     let mut msg = [0u8; NAME_MSG];
@@ -172,20 +209,7 @@ fn make(ctx: &Ctx<'_>) -> Result<Option<Board>> {
         msg[0] = path.len() as u8;
         msg[1..1 + path.len()].copy_from_slice(path.as_bytes());
     }
-    let mut all = board.is_some();
-    let sent = (1..n).try_for_each(|r| ctx.send(r, TAG_NAME, &msg)).and_then(|_| {
-        for r in 1..n {
-            all &= ctx.recv(r, TAG_MAPPED, 1)?[0] == 1;
-        }
-        Ok(())
-    });
-    // Mapped everywhere it will be (or never will be): the name is no longer needed.
-    if board.is_some() {
-        let _ = std::fs::remove_file(&path);
-    }
-    sent?;
-    (1..n).try_for_each(|r| ctx.send(r, TAG_VERDICT, &[all as u8]))?;
-    Ok(board.filter(|_| all))
+    (board, msg)
 }
 
 /// The context `ctx` runs with: its own when its call has no board turn or the board is there,

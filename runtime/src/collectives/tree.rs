@@ -18,7 +18,7 @@ pub(crate) struct BinomialTree;
 type Children = SmallVec<[u32; 32]>;
 
 /// Parent and children (in communicator ranks) of `rank` in the tree rooted at `root`.
-fn family(rank: u32, root: u32, n: u32) -> (Option<u32>, Children) {
+pub(super) fn family(rank: u32, root: u32, n: u32) -> (Option<u32>, Children) {
     let vr = (rank + n - root) % n;
     let real = |v: u32| (v + root) % n;
     let parent = (vr != 0).then(|| real(vr & (vr - 1)));
