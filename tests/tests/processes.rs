@@ -47,23 +47,28 @@ fn matrix_with_forced_algorithms() {
 #[test]
 fn matrix_with_connections_on_demand() {
     let m = PathBuf::from(env!("CARGO_BIN_EXE_hccn-matrix"));
-    let env = [
-        ("HCCN_FULL_MESH_UP_TO", "0"),
-        ("HCCN_WATCHED_PEERS", "1"),
-        ("HCCN_TRANSPORT", "tcp"),
-        ("HCCN_CHUNK_BYTES", "4096"),
-        ("HCCN_LOG", "warn,hccn_runtime::transport::ondemand=debug"),
-    ];
-    for n in [5, 8] {
+    // Over shared memory too: a pair on one host sets up its segment when it first links.
+    for (transport, n) in [("tcp", 5), ("tcp", 8), ("shm", 6)] {
+        let env = [
+            ("HCCN_FULL_MESH_UP_TO", "0"),
+            ("HCCN_WATCHED_PEERS", "1"),
+            ("HCCN_TRANSPORT", transport),
+            ("HCCN_CHUNK_BYTES", "4096"),
+            ("HCCN_LOG", "warn,hccn_runtime::transport::ondemand=debug,hccn_runtime::transport=info"),
+        ];
         let out = launch::hccnrun(n, &m, &[], &env, std::time::Duration::from_secs(600));
-        assert_eq!(out.code, Some(0), "the matrix on {n} ranks connected on demand failed: {}", out.describe());
+        let what = format!("the matrix on {n} ranks connected on demand over {transport}");
+        assert_eq!(out.code, Some(0), "{what} failed: {}", out.describe());
         for r in 0..n {
             assert!(out.stdout.contains(&format!("[{r}] rank {r} of {n}: ")), "rank {r}: {}", out.describe());
         }
         assert!(!out.stdout.contains("FAIL"), "{}", out.describe());
-        // The pairs the world did not form with did connect, on demand.
+        // The pairs the world did not form with did connect, on demand, over `transport`.
         let all = format!("{}{}", out.stdout, out.stderr);
-        assert!(all.contains("connected on demand"), "no connection on demand: {}", out.describe());
+        assert!(all.contains("connected on demand"), "{what}: none did: {}", out.describe());
+        let on_demand = all.lines().filter(|l| l.contains("data link on demand"));
+        let mut on_demand = on_demand.map(|l| l.contains(&format!("transport=\"{transport}\"")));
+        assert!(on_demand.all(|right| right), "{what}: a link on demand over another transport: {}", out.describe());
         assert!(!all.contains("peer failed"), "{}", out.describe());
     }
 }

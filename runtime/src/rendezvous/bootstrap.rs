@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use super::ondemand::{self, Record, ON_DEMAND};
 use super::Store;
 use crate::auth::{self, Purpose};
-use crate::config::Config;
+use crate::config::{Config, Transport};
 use crate::error::{Error, ErrorKind, Result};
 use crate::transport::tcp::{send_all, start_link};
 use crate::transport::waker::{wait_readable, Waker};
@@ -361,7 +361,13 @@ impl Meeting<'_> {
         for (peer, sock) in sockets {
             links[peer as usize] = Some(start_link(sock, peer, inbox, cfg)?);
         }
-        Ok((links, shm::Shm::new(rank, local), hosts))
+        // The ranks this one may link with by shared memory, now or on demand.
+        let sharing = records
+            .iter()
+            .enumerate()
+            .filter(|&(peer, r)| peer != rank as usize && cfg.transport != Transport::Tcp && r.shm && r.host == here);
+        let sharing = 1 + sharing.count();
+        Ok((links, shm::Shm::new(rank, local, sharing), hosts))
     }
 }
 

@@ -139,8 +139,8 @@ impl Net {
         let on_demand = connector.map(|connector| {
             // Peers connected to few others pass news on (heartbeat.rs).
             inbox.set_relaying();
-            let (links, inbox, pulse) = (links.clone(), inbox.clone(), pulse.clone());
-            Arc::new(OnDemand::new(rank, links, inbox, pulse, progress.clone(), cfg, connector))
+            let (links, inbox, shm, pulse) = (links.clone(), inbox.clone(), shm.clone(), pulse.clone());
+            Arc::new(OnDemand::new(rank, (links, inbox, shm), pulse, progress.clone(), cfg, connector))
         });
         let watchdog = heartbeat::Watchdog::start(
             rank,

@@ -15,11 +15,11 @@ use std::os::fd::RawFd;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::channel::Progress;
+use super::channel::{Channel, Progress};
 use super::net::{introduce, LinkTable, Peer};
 #[cfg(doc)]
 use super::Net;
-use super::{pulse, tcp, Inbox};
+use super::{pulse, shm, tcp, Inbox};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::sync::Locked;
@@ -45,6 +45,9 @@ pub(crate) trait Connector: Send + Sync {
     /// thread of its own that ends with [`OnDemand::admit`]. The world's watchdog calls it when
     /// the listener is readable: no thread waits for connections that may never come.
     fn accept(&self, on: &Arc<OnDemand>);
+    /// Sets up shared memory with `peer` over a connection both sides keep, before its reader
+    /// starts, when the pair links that way (both sides call it, and agree whether to).
+    fn upgrade(&self, peer: u32, sock: TcpStream) -> Result<(TcpStream, Option<shm::ShmPeer>)>;
 }
 
 /// What makes and installs links on demand for one world.
@@ -52,6 +55,7 @@ pub(crate) struct OnDemand {
     pub me: u32,
     links: Arc<LinkTable>,
     inbox: Arc<Inbox>,
+    shm: Arc<shm::Shm>,
     pulse: Option<Arc<pulse::Pulse>>,
     progress: Option<Progress>,
     cfg: Config,
@@ -69,8 +73,7 @@ pub(crate) struct OnDemand {
 impl OnDemand {
     pub fn new(
         me: u32,
-        links: Arc<LinkTable>,
-        inbox: Arc<Inbox>,
+        (links, inbox, shm): (Arc<LinkTable>, Arc<Inbox>, Arc<shm::Shm>),
         pulse: Option<Arc<pulse::Pulse>>,
         progress: Option<Progress>,
         cfg: &Config,
@@ -80,6 +83,7 @@ impl OnDemand {
             me,
             links,
             inbox,
+            shm,
             pulse,
             progress,
             cfg: cfg.clone(),
@@ -256,15 +260,27 @@ impl OnDemand {
         Ok(true)
     }
 
-    /// Starts the link on `sock` and files it as `peer`'s (called under `dialing`).
+    /// Starts the link on `sock`, with shared memory where the pair links that way, and files it
+    /// as `peer`'s (called under `dialing`).
     fn install(&self, peer: u32, sock: TcpStream) -> Result<Peer> {
+        let (sock, local) = self.connector.upgrade(peer, sock)?;
         let link = tcp::start_link(sock, peer, &self.inbox, &self.cfg)?;
-        let channel = Arc::new(tcp::TcpChannel {
-            peer,
-            link: link.clone(),
-            inbox: self.inbox.clone(),
-            progress: self.progress.clone(),
-        });
+        let transport = if local.is_some() { "shm" } else { "tcp" };
+        tracing::info!(target: "hccn_runtime::transport", rank = self.me, peer, transport, "data link on demand");
+        let channel: Arc<dyn Channel> = match local.is_some_and(|l| self.shm.add(peer, l)) {
+            true => Arc::new(shm::ShmChannel {
+                shm: self.shm.clone(),
+                peer,
+                inbox: self.inbox.clone(),
+                timeout: self.cfg.timeout,
+            }),
+            false => Arc::new(tcp::TcpChannel {
+                peer,
+                link: link.clone(),
+                inbox: self.inbox.clone(),
+                progress: self.progress.clone(),
+            }),
+        };
         let p = Peer { link, channel };
         self.links.set(peer, p.clone());
         Ok(p)

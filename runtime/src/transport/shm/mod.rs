@@ -39,7 +39,7 @@ mod send;
 mod tests;
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use super::{Frame, Health, Inbox, Key};
@@ -166,12 +166,15 @@ impl ShmPeer {
     }
 }
 
-/// The shared-memory links of one world, by world rank.
+/// The shared-memory links of one world, by world rank: set up as the world forms, or later,
+/// once each, when a world that connects on demand first links a pair ([`Shm::add`]).
 #[derive(Default)]
 pub(crate) struct Shm {
     /// This rank's world rank.
     me: u32,
-    peers: Vec<Option<ShmPeer>>,
+    peers: Vec<OnceLock<ShmPeer>>,
+    /// The world's ranks on this host that may link by shared memory, this one included.
+    local: usize,
     wait: Wait,
     /// The core this rank last said it runs on, in every ring it produces.
     said: AtomicU32,
@@ -201,9 +204,28 @@ fn header(raw: &[u8; HEADER_LEN], src: u32) -> Result<FrameHeader> {
 }
 
 impl Shm {
-    pub fn new(me: u32, peers: Vec<Option<ShmPeer>>) -> Shm {
-        let wait = Wait::for_local_ranks(1 + peers.iter().filter(|p| p.is_some()).count());
-        Shm { me, peers, wait, said: AtomicU32::new(u32::MAX), spread_in: Countdown::default() }
+    /// The links `peers` (by world rank) of a world with `local` ranks on this host that may link
+    /// by shared memory (more may link later, see [`Shm::add`]).
+    pub fn new(me: u32, peers: Vec<Option<ShmPeer>>, local: usize) -> Shm {
+        let local = local.max(1 + peers.iter().filter(|p| p.is_some()).count());
+        let peers = peers.into_iter().map(|p| p.map_or_else(OnceLock::new, OnceLock::from)).collect();
+        let wait = Wait::for_local_ranks(local);
+        Shm { me, peers, local, wait, said: AtomicU32::new(u32::MAX), spread_in: Countdown::default() }
+    }
+
+    /// Files the link to `rank` set up after the world formed; false when it has one already.
+    pub fn add(&self, rank: u32, peer: ShmPeer) -> bool {
+        let Some(slot) = self.peers.get(rank as usize) else { return false };
+        let said = self.said.load(Ordering::Relaxed);
+        if said != u32::MAX {
+            peer.tx.cpu_word().store(said, Ordering::Relaxed);
+        }
+        slot.set(peer).is_ok()
+    }
+
+    /// The links there are now.
+    fn linked(&self) -> impl Iterator<Item = (u32, &ShmPeer)> {
+        self.peers.iter().enumerate().filter_map(|(rank, p)| p.get().map(|p| (rank as u32, p)))
     }
 
     fn backoff(&self) -> Backoff<'_> {
@@ -221,10 +243,8 @@ impl Shm {
         }
         let cores = |f: &mut dyn FnMut(u32, u32)| {
             f(self.me, mine);
-            for (rank, p) in self.peers.iter().enumerate() {
-                if let Some(p) = p {
-                    f(rank as u32, p.rx.cpu_word().load(Ordering::Relaxed));
-                }
+            for (rank, p) in self.linked() {
+                f(rank, p.rx.cpu_word().load(Ordering::Relaxed));
             }
         };
         if let Some(to) = placement::spread(self.me, mine, &cores) {
@@ -235,12 +255,13 @@ impl Shm {
 
     fn publish_cpu(&self, cpu: u32) {
         if self.said.swap(cpu, Ordering::Relaxed) != cpu {
-            self.peers.iter().flatten().for_each(|p| p.tx.cpu_word().store(cpu, Ordering::Relaxed));
+            self.linked().for_each(|(_, p)| p.tx.cpu_word().store(cpu, Ordering::Relaxed));
         }
     }
 
+    /// No rank of the world may link with this one by shared memory, now or later.
     pub fn is_empty(&self) -> bool {
-        self.peers.iter().all(|p| p.is_none())
+        self.local <= 1
     }
 
     /// How this host's waiters wait (spin or yield first), for other shared-memory waits.
@@ -253,7 +274,7 @@ impl Shm {
     }
 
     fn peer(&self, rank: u32) -> Option<&ShmPeer> {
-        self.peers.get(rank as usize).and_then(|p| p.as_ref())
+        self.peers.get(rank as usize).and_then(OnceLock::get)
     }
 
     /// True when frames to `rank` may go by descriptor (both sides agreed at the handshake).

@@ -185,19 +185,17 @@ impl Shm {
     /// Moves whatever has arrived on the rings (except `except`'s) into the inbox, so that their
     /// senders can go on.
     pub fn drain(&self, except: Option<u32>, inbox: &Inbox) {
-        for (src, p) in self.peers.iter().enumerate() {
-            let Some(p) = p else { continue };
-            if Some(src as u32) == except || p.rx.head().load(Ordering::Acquire) == p.rx.tail().load(Ordering::Relaxed)
-            {
+        for (src, p) in self.linked() {
+            if Some(src) == except || p.rx.head().load(Ordering::Acquire) == p.rx.tail().load(Ordering::Relaxed) {
                 continue;
             }
             let Ok(mut st) = p.rx_state.try_lock() else { continue };
             loop {
-                match fill(p, &mut st, src as u32, inbox) {
+                match fill(p, &mut st, src, inbox) {
                     Ok(true) => {}
                     Ok(false) => break,
                     Err(e) => {
-                        inbox.mark_failed(src as u32, crate::transport::Fault::cut(e.message()));
+                        inbox.mark_failed(src, crate::transport::Fault::cut(e.message()));
                         break;
                     }
                 }

@@ -130,7 +130,7 @@ fn pair(send_cma: bool, recv_cma: bool) -> (Shm, Shm) {
     let mut b = ShmPeer::new(b, false);
     a.cma_pid = send_cma.then_some(me);
     b.cma_pid = recv_cma.then_some(me);
-    (Shm::new(0, vec![None, Some(a)]), Shm::new(1, vec![Some(b), None]))
+    (Shm::new(0, vec![None, Some(a)], 2), Shm::new(1, vec![Some(b), None], 2))
 }
 
 fn hdr(seq: u64, len: usize) -> FrameHeader {
