@@ -194,10 +194,12 @@ impl Connector for Dialer {
         let deadline = Instant::now() + self.cfg.timeout;
         loop {
             // Every rank listened before it published its record, until its world ends: a
-            // refusal means the peer is gone.
+            // refusal means the peer is gone, and so does a reset (its listener closed with this
+            // connection still in its queue: it left just now, as a survivor does after its last
+            // call; blaming it for a failure would fail the callers' operations).
             let mut sock = match TcpStream::connect_timeout(&addr, self.cfg.timeout) {
                 Ok(s) => s,
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Ok(Dialed::Gone),
+                Err(e) if gone(&e) => return Ok(Dialed::Gone),
                 Err(e) => {
                     return Err(Error::io(ErrorKind::Connect, format!("connect to world rank {peer} at {addr}"), &e))
                 }
@@ -231,6 +233,12 @@ impl Connector for Dialer {
         let (_, sock) = socks.pop().ok_or_else(|| Error::internal("shared-memory handshake lost its socket"))?;
         Ok((sock, link))
     }
+}
+
+/// Whether a failed connect says that nothing listens at the address any more.
+fn gone(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
+    matches!(e.kind(), ConnectionRefused | ConnectionReset | ConnectionAborted)
 }
 
 impl Dialer {
