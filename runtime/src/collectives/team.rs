@@ -242,11 +242,18 @@ impl Team {
             let detail: Vec<String> = cuts.iter().map(|(a, b, why)| format!("rank {a} lost rank {b}: {why}")).collect();
             return Some(Error::rank_failed(ranks, format!("members cannot reach each other ({})", detail.join("; "))));
         }
+        // A member that left knowing of a failure names it, whichever member left first: one
+        // that left without news (its listener closed to a dial) must not hide the cause.
+        let mut first = None;
         for (r, w) in self.members.iter().enumerate().filter(|_| departures) {
             let Some(news) = health.departed.get(w) else { continue };
-            return Some(self.departed(r as u32, news));
+            let e = self.departed(r as u32, news);
+            if e.kind() == ErrorKind::RankFailed {
+                return Some(e);
+            }
+            first.get_or_insert(e);
         }
-        None
+        first
     }
 
     /// The error for member `r`, which left knowing of `news`. A member that left after losing
