@@ -154,105 +154,30 @@ impl Watch<'_> {
     }
 
     fn run(&self, every: Duration, dead_after: Duration, stop: &AtomicBool) {
-        let (peers, inbox) = (self.peers, self.inbox);
-        let mut declared = HashSet::new();
-        // Links found slow (nothing on them while their pulses come), since when.
-        let mut slow: std::collections::HashMap<u32, std::time::Instant> = std::collections::HashMap::new();
-        // Notices (suspicions, news passed on) each link still has to take.
-        let mut pending: Vec<(u32, FrameHeader, Vec<u8>)> = Vec::new();
+        let mut w = Watching::default();
         let mut next_beat = std::time::Instant::now();
-        let mut lateness = super::starved::Lateness::default();
-        let mut watched_since = WatchedSince::default();
         while !stop.load(Ordering::SeqCst) {
-            let lost = inbox.announcements();
-            let failed = inbox.failed();
-            if !lost.is_empty() {
-                let payload = news::encode(&inbox.by_id(lost));
-                let live = peers.all().into_iter().filter(|(r, _)| !failed.contains_key(r));
-                let hdr = header(FrameKind::Suspect, payload.len());
-                pending.extend(live.map(|(r, _)| (r, hdr, payload.clone())));
-            }
-            for relay in inbox.relays() {
-                let Some(reporter) = inbox.id_of(relay.reporter) else { continue };
-                let payload = news::encode_relay(reporter, &inbox.by_id(relay.faults));
-                let to = peers.all().into_iter().map(|(r, _)| r);
-                let to = to.filter(|r| *r != relay.via && *r != relay.reporter && !failed.contains_key(r));
-                let hdr = header(FrameKind::Relay, payload.len());
-                pending.extend(to.map(|r| (r, hdr, payload.clone())));
-            }
-            for f in inbox.forwards() {
-                let to = peers.all().into_iter().map(|(r, _)| r).filter(|r| *r != f.via && !failed.contains_key(r));
-                pending.extend(to.map(|r| (r, f.hdr, f.payload.clone())));
-            }
-            pending.retain(|(rank, hdr, payload)| match peers.get(*rank) {
-                Some(link) if !failed.contains_key(rank) => !link.control(hdr, payload),
-                _ => false,
-            });
-            let n = peers.len();
+            self.pass_news(&mut w.pending);
             if let Some(p) = self.pulse {
-                let addrs = inbox.pulse_ranks();
-                p.receive(n, &|from| addrs.iter().find(|(_, a)| *a == from).map(|(r, _)| *r));
+                let addrs = self.inbox.pulse_ranks();
+                p.receive(self.peers.len(), &|from| addrs.iter().find(|(_, a)| *a == from).map(|(r, _)| *r));
             }
-            if !every.is_zero() && std::time::Instant::now() >= next_beat {
-                // Pulses and news wake this thread often; the beats' own rhythm shows how late
-                // it runs.
-                lateness.woke(next_beat, std::time::Instant::now(), super::starved::queue_wait());
-                next_beat = std::time::Instant::now() + every;
-                let all = peers.all();
-                let candidates: Vec<u32> = match self.on_demand {
-                    // Every rank of the world, linked or not: the ring closes over a failed
-                    // neighbour to the next live rank, which this one then connects to.
-                    Some(_) => (0..n as u32).filter(|&r| r != self.me).collect(),
-                    None => all.iter().map(|(r, _)| *r).collect(),
-                };
-                let live = candidates.into_iter().filter(|r| !declared.contains(r) && !failed.contains_key(r));
-                let watching = watched(self.me, live, self.watched);
-                watched_since.update(&watching);
-                if let Some(on) = self.on_demand {
-                    watching.iter().filter(|&&r| peers.get(r).is_none()).for_each(|&r| on.connect_aside(r));
+            // Only news wakes a watchdog without heartbeats.
+            let mut nap = Duration::from_secs(3600);
+            if !every.is_zero() {
+                if std::time::Instant::now() >= next_beat {
+                    // Pulses and news wake this thread often; the beats' own rhythm shows how
+                    // late it runs.
+                    w.lateness.woke(next_beat, std::time::Instant::now(), super::starved::queue_wait());
+                    next_beat = std::time::Instant::now() + every;
+                    self.beat(&mut w);
                 }
-                if let Some(p) = self.pulse {
-                    let ranks = inbox.pulse_ranks().into_iter();
-                    let to: Vec<_> = ranks.filter(|(r, _)| watching.contains(r)).map(|(_, a)| a).collect();
-                    p.send(&to);
-                    super::usage::heartbeats_sent(to.len());
-                }
-                for (rank, link) in all {
-                    if !watching.contains(&rank) {
-                        continue;
-                    }
-                    link.heartbeat();
-                    super::usage::heartbeats_sent(1);
-                    // The link or its pulses: whichever was heard last.
-                    let pulse = self.pulse.and_then(|p| p.silent_for(rank));
-                    let heard = pulse.map_or(link.silent_for(), |p| p.min(link.silent_for()));
-                    let silent = heard.min(watched_since.watched_for(rank));
-                    self.note_slow(&mut slow, rank, link.silent_for(), pulse, every, dead_after);
-                    // Bytes waiting in the socket mean the peer spoke and our reader is merely
-                    // behind (a starved thread on a loaded machine), not that the peer is gone.
-                    // A peer not heard from yet may still be finishing its set-up (hundreds of
-                    // ranks on a few cores finish it far apart): four times the patience.
-                    let patience = if link.heard_yet() { dead_after } else { 4 * dead_after };
-                    let allowed = patience + lateness.allowance(std::time::Instant::now());
-                    if silent > allowed && !link.has_unread() {
-                        declared.insert(rank);
-                        let why = format!(
-                            "silent for {} ms: frozen, hung or cut off (HCCN_DEAD_AFTER_MS)",
-                            silent.as_millis()
-                        );
-                        let evict = news::encode_reason(&why);
-                        link.control(&header(FrameKind::Evict, evict.len()), &evict);
-                        inbox.mark_failed(rank, Fault::cut(why));
-                        link.close(None);
-                    }
-                }
+                let judge_in = self.judge(&mut w, every, dead_after);
+                nap = next_beat.saturating_duration_since(std::time::Instant::now()).min(judge_in);
             }
-            let nap = match (pending.is_empty(), every.is_zero()) {
-                (false, _) => RETRY,
-                (true, false) => next_beat.saturating_duration_since(std::time::Instant::now()),
-                // Only news wakes a watchdog without heartbeats.
-                (true, true) => Duration::from_secs(3600),
-            };
+            if !w.pending.is_empty() {
+                nap = RETRY;
+            }
             let listener = self.on_demand.map(|on| on.listener());
             let fds: smallvec::SmallVec<[std::os::fd::RawFd; 3]> =
                 [Some(self.waker.fd()), self.pulse.map(Pulse::fd), listener].into_iter().flatten().collect();
@@ -263,6 +188,119 @@ impl Watch<'_> {
             }
         }
     }
+
+    /// Queues the notices the links must carry: this rank's losses to every live peer, news
+    /// heard to pass on (a world that connects on demand), abandoned operations and revokes to
+    /// forward; then hands each link what it takes now.
+    fn pass_news(&self, pending: &mut Vec<(u32, FrameHeader, Vec<u8>)>) {
+        let (peers, inbox) = (self.peers, self.inbox);
+        let lost = inbox.announcements();
+        let failed = inbox.failed();
+        if !lost.is_empty() {
+            let payload = news::encode(&inbox.by_id(lost));
+            let live = peers.all().into_iter().filter(|(r, _)| !failed.contains_key(r));
+            let hdr = header(FrameKind::Suspect, payload.len());
+            pending.extend(live.map(|(r, _)| (r, hdr, payload.clone())));
+        }
+        for relay in inbox.relays() {
+            let Some(reporter) = inbox.id_of(relay.reporter) else { continue };
+            let payload = news::encode_relay(reporter, &inbox.by_id(relay.faults));
+            let to = peers.all().into_iter().map(|(r, _)| r);
+            let to = to.filter(|r| *r != relay.via && *r != relay.reporter && !failed.contains_key(r));
+            let hdr = header(FrameKind::Relay, payload.len());
+            pending.extend(to.map(|r| (r, hdr, payload.clone())));
+        }
+        for f in inbox.forwards() {
+            let to = peers.all().into_iter().map(|(r, _)| r).filter(|r| *r != f.via && !failed.contains_key(r));
+            pending.extend(to.map(|r| (r, f.hdr, f.payload.clone())));
+        }
+        pending.retain(|(rank, hdr, payload)| match peers.get(*rank) {
+            Some(link) if !failed.contains_key(rank) => !link.control(hdr, payload),
+            _ => false,
+        });
+    }
+
+    /// Chooses the peers to watch (the ring closes over failed ranks) and heartbeats them, on
+    /// their links and with pulses.
+    fn beat(&self, w: &mut Watching) {
+        let failed = self.inbox.failed();
+        let all = self.peers.all();
+        let candidates: Vec<u32> = match self.on_demand {
+            // Every rank of the world, linked or not: the ring closes over a failed neighbour
+            // to the next live rank, which this one then connects to.
+            Some(_) => (0..self.peers.len() as u32).filter(|&r| r != self.me).collect(),
+            None => all.iter().map(|(r, _)| *r).collect(),
+        };
+        let live = candidates.into_iter().filter(|r| !w.declared.contains(r) && !failed.contains_key(r));
+        w.watching = watched(self.me, live, self.watched);
+        w.since.update(&w.watching);
+        if let Some(on) = self.on_demand {
+            w.watching.iter().filter(|&&r| self.peers.get(r).is_none()).for_each(|&r| on.connect_aside(r));
+        }
+        if let Some(p) = self.pulse {
+            let ranks = self.inbox.pulse_ranks().into_iter();
+            let to: Vec<_> = ranks.filter(|(r, _)| w.watching.contains(r)).map(|(_, a)| a).collect();
+            p.send(&to);
+            super::usage::heartbeats_sent(to.len());
+        }
+        for (_, link) in all.iter().filter(|(rank, _)| w.watching.contains(rank)) {
+            link.heartbeat();
+            super::usage::heartbeats_sent(1);
+        }
+    }
+
+    /// Declares failed each watched peer silent for longer than it may be; returns how soon the
+    /// next one could be. Judged at every wake-up, not at beats only: a beat apart, a frozen
+    /// peer was found up to a beat late.
+    fn judge(&self, w: &mut Watching, every: Duration, dead_after: Duration) -> Duration {
+        let failed = self.inbox.failed();
+        let mut next = every;
+        for (rank, link) in self.peers.all() {
+            if !w.watching.contains(&rank) || w.declared.contains(&rank) || failed.contains_key(&rank) {
+                continue;
+            }
+            // The link or its pulses: whichever was heard last.
+            let pulse = self.pulse.and_then(|p| p.silent_for(rank));
+            let heard = pulse.map_or(link.silent_for(), |p| p.min(link.silent_for()));
+            let silent = heard.min(w.since.watched_for(rank));
+            self.note_slow(&mut w.slow, rank, link.silent_for(), pulse, every, dead_after);
+            // A peer not heard from yet may still be finishing its set-up (hundreds of ranks
+            // on a few cores finish it far apart): four times the patience.
+            let patience = if link.heard_yet() { dead_after } else { 4 * dead_after };
+            let allowed = patience + w.lateness.allowance(std::time::Instant::now());
+            if silent <= allowed {
+                next = next.min(allowed - silent + Duration::from_millis(1));
+                continue;
+            }
+            // Bytes waiting in the socket mean the peer spoke and our reader is merely behind
+            // (a starved thread on a loaded machine), not that the peer is gone.
+            if link.has_unread() {
+                continue;
+            }
+            w.declared.insert(rank);
+            let why = format!("silent for {} ms: frozen, hung or cut off (HCCN_DEAD_AFTER_MS)", silent.as_millis());
+            let evict = news::encode_reason(&why);
+            link.control(&header(FrameKind::Evict, evict.len()), &evict);
+            self.inbox.mark_failed(rank, Fault::cut(why));
+            link.close(None);
+        }
+        next
+    }
+}
+
+/// What the watchdog keeps between wake-ups.
+#[derive(Default)]
+struct Watching {
+    /// The peers watched, as chosen at the last beat.
+    watching: HashSet<u32>,
+    /// Peers this watchdog declared failed.
+    declared: HashSet<u32>,
+    /// Links found slow (nothing on them while their pulses come), since when.
+    slow: std::collections::HashMap<u32, std::time::Instant>,
+    /// Notices (suspicions, news passed on) each link still has to take.
+    pending: Vec<(u32, FrameHeader, Vec<u8>)>,
+    lateness: super::starved::Lateness,
+    since: WatchedSince,
 }
 
 /// When this rank began to watch each peer it watches. A peer it begins to watch (a neighbour

@@ -10,8 +10,10 @@
 
 use std::time::{Duration, Instant};
 
-/// How long a lateness counts: a starved moment long past says nothing about now.
-const MEMORY: Duration = Duration::from_secs(3);
+/// How long a lateness counts: about the silence being judged (HCCN_DEAD_AFTER_MS, 800 ms, and
+/// a beat). Starvation before it did not cause it; remembered for 3 s, the start of 64 ranks on
+/// two cores still added 300 ms to the detection of a freeze a second later.
+const MEMORY: Duration = Duration::from_secs(1);
 
 /// What a runnable thread beyond the cores costs the others in waiting: about one scheduler
 /// slice (Linux's minimum granularity is 3 ms on small machines).
