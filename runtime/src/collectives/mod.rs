@@ -340,6 +340,8 @@ pub(crate) struct CompressedArgs<'a> {
 /// Allgather(v) or gather into `recv` (whose own block is already filled); `recv` is empty on
 /// non-roots of a gather, which send `own` instead.
 pub(crate) struct GatherArgs<'a> {
+    /// This rank's block: the input of a non-root; of a rank that keeps the result, its input
+    /// when that is not in place (its copy is in `recv` already), else empty.
     pub own: &'a [u8],
     pub recv: &'a mut [u8],
     pub blocks: &'a [Block],
@@ -511,12 +513,18 @@ unsafe fn run(ctx: &Ctx<'_>, work: &Work, algo: &dyn Algorithm) -> Result<()> {
         Work::Gather { send, send_bytes, recv, blocks, root } => {
             let owns_result = root.is_none_or(|r| r == me);
             let (own, recv): (&[u8], &mut [u8]) = if owns_result {
-                let own_block = &blocks[me as usize];
+                let own_at = Ptr(recv.0.wrapping_add(blocks[me as usize].start));
                 // SAFETY: buffers per the contract stated above the match.
-                unsafe { copy(*send, Ptr(recv.0.wrapping_add(own_block.start)), *send_bytes) };
+                unsafe { copy(*send, own_at, *send_bytes) };
                 // SAFETY: buffers per the contract stated above the match.
                 let recv = unsafe { view_mut(*recv, span(blocks)) };
-                (&[], recv)
+                // Out of place the input goes on as well: peers read it from there rather than
+                // from the block just written (lines another core must hand over: a 64 KiB
+                // allgather of 2 ranks took 19.7 us read from the output, 9 from the input).
+                // SAFETY: out of place the input overlaps no output (validated); in place it
+                // is the own block, and no view of it is made.
+                let own = if *send == own_at { &[][..] } else { unsafe { view(*send, *send_bytes) } };
+                (own, recv)
             } else {
                 // SAFETY: buffers per the contract stated above the match.
                 (unsafe { view(*send, *send_bytes) }, &mut [])

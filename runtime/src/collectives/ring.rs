@@ -313,6 +313,12 @@ impl Algorithm for Ring {
         for s in 0..n - 1 {
             let out = w.blocks[((r + n - s) % n) as usize].clone();
             let in_ = w.blocks[((r + 2 * n - s - 1) % n) as usize].clone();
+            // The first step sends this rank's own block: from the input when there is one.
+            if s == 0 && !w.own.is_empty() && w.own.len() == out.len() {
+                let dst = w.recv.get_mut(in_).ok_or_else(|| Error::internal("allgather block out of range"))?;
+                step(ctx, s, w.own, dst, &plain, OnArrival::Store)?;
+                continue;
+            }
             let (src, dst) = split(w.recv, out, in_)?;
             step(ctx, s, src, dst, &plain, OnArrival::Store)?;
         }
