@@ -44,6 +44,22 @@ pub(super) struct Conn {
     pub busy: AtomicBool,
 }
 
+impl Drop for Conn {
+    /// Reads what is left before the socket closes: a close with unread bytes (a peer's late
+    /// heartbeats) makes the kernel reset the connection and drop what it had still to send,
+    /// the goodbye too, and the peer takes a reset for a crash.
+    fn drop(&mut self) {
+        let mut sink = [0u8; 4096];
+        for _ in 0..64 {
+            // SAFETY: a writable buffer of its length; `sock` keeps `fd` open until after this.
+            let n = unsafe { libc::recv(self.fd, sink.as_mut_ptr().cast(), sink.len(), libc::MSG_DONTWAIT) };
+            if n <= 0 {
+                break;
+            }
+        }
+    }
+}
+
 /// A frame taken off the socket so far, and the link's slow-frame record.
 pub(super) struct Rx {
     head: [u8; HEADER_LEN],
