@@ -172,6 +172,21 @@ fn kill_9_of_one_rank_among_128_is_reported_by_every_survivor_naming_only_it() {
 }
 
 #[test]
+fn a_dial_to_a_frozen_rank_ends_once_it_is_known_lost_not_at_the_dial_timeout() {
+    // 6 ranks connecting on demand, one neighbour watched each side: rank 2 has no link to
+    // rank 5 (not a neighbour, 2 xor 5 is no power of two), and dials it after it froze.
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let faults = PathBuf::from(env!("CARGO_BIN_EXE_hccn-faults"));
+    let env = [("HCCN_TRANSPORT", "tcp"), ("HCCN_FULL_MESH_UP_TO", "0"), ("HCCN_WATCHED_PEERS", "1")];
+    let out = launch::hccnrun(6, &faults, &["freeze-dial", "2"], &env, Duration::from_secs(60));
+    let line = out.stdout.lines().find(|l| l.starts_with("[2] ERROR_AT")).unwrap_or_default();
+    assert!(line.contains("code=100") && line.contains("failed=[5]"), "rank 2: {line}: {}", out.describe());
+    let after = at(&out, 2, "ERROR_AT").saturating_sub(at(&out, 5, "FREEZE_AT"));
+    // Known lost within about HCCN_DEAD_AFTER_MS; the dial's own timeout is 10 s.
+    assert!(after < 6000, "the dial to the frozen rank ended {after} ms after the freeze: {}", out.describe());
+}
+
+#[test]
 fn a_frozen_rank_among_64_is_found_by_its_watchers_and_told_to_every_rank() {
     // Only 6 of the 63 survivors watch the frozen rank (HCCN_WATCHED_PEERS=3): the others learn
     // from their notice. Silence counts from up to a heartbeat before the freeze.

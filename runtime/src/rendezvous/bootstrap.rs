@@ -6,7 +6,7 @@
 //! mesh and rank is calling), then sets up shared memory with the peers on its host; the result
 //! is a [`Net`].
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
@@ -18,7 +18,7 @@ use super::Store;
 use crate::auth::{self, Purpose};
 use crate::config::{Config, Transport};
 use crate::error::{Error, ErrorKind, Result};
-use crate::transport::tcp::{send_all, start_link};
+use crate::transport::tcp::start_link;
 use crate::transport::waker::{wait_readable, Waker};
 use crate::transport::{shm, Inbox, Link, Net};
 
@@ -62,21 +62,21 @@ pub(crate) fn connect_peer(
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
     };
-    say_hello(&mut sock, peer, (mesh, rank, size), token, cfg.timeout)?;
+    sock.set_read_timeout(Some(cfg.timeout)).map_err(|e| Error::io(ErrorKind::Connect, "peer socket", &e))?;
+    say_hello(&mut sock, peer, (mesh, rank, size), token)?;
     Ok(sock)
 }
 
-/// The caller's side of a handshake on a connected socket to world rank `peer`: authenticates
-/// and says who is calling ([`hello`]: mesh, rank, size).
+/// The caller's side of a handshake on a connected stream to world rank `peer` (whose reads the
+/// caller bounds): authenticates and says who is calling ([`hello`]: mesh, rank, size).
 pub(crate) fn say_hello(
-    sock: &mut TcpStream,
+    sock: &mut (impl Read + Write),
     peer: u32,
     (mesh, rank, size): (u64, u32, u32),
     token: &[u8],
-    timeout: Duration,
 ) -> Result<()> {
-    auth::client(sock, token, Purpose::Peer, timeout).map_err(|e| e.context(format!("world rank {peer}")))?;
-    send_all(sock, &hello(mesh, rank, size), &[]).map_err(|e| Error::io(ErrorKind::Connect, "hello", &e))
+    auth::client_io(sock, token, Purpose::Peer).map_err(|e| e.context(format!("world rank {peer}")))?;
+    sock.write_all(&hello(mesh, rank, size)).map_err(|e| Error::io(ErrorKind::Connect, "hello", &e))
 }
 
 /// The acceptor's side: authenticates an incoming connection and reads its [`hello`] (mesh,

@@ -13,7 +13,7 @@
 //! over that connection ([`Dialer::upgrade`]), so a rank maps one segment per peer it talks
 //! to, not per rank on its host (32 local ranks: 63 MiB mapped and 31 handshakes each before).
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::fd::RawFd;
@@ -204,7 +204,7 @@ impl Connector for Dialer {
                     return Err(Error::io(ErrorKind::Connect, format!("connect to world rank {peer} at {addr}"), &e))
                 }
             };
-            let asked = self.ask(&mut sock, peer);
+            let asked = self.ask(&mut sock, peer, given_up);
             match asked {
                 Ok(true) => return Ok(Dialed::Kept(sock)),
                 Ok(false) => return Ok(Dialed::Theirs),
@@ -243,15 +243,55 @@ fn gone(e: &std::io::Error) -> bool {
 
 impl Dialer {
     /// Authenticates, says who is calling and reads whether the peer keeps the connection, in
-    /// at most [`ASK_TIMEOUT`] (then the dial asks again, unless it gave up).
-    fn ask(&self, sock: &mut TcpStream, peer: u32) -> Result<bool> {
-        let timeout = self.cfg.timeout.min(ASK_TIMEOUT);
-        let err = |what: &'static str| move |e: std::io::Error| Error::io(ErrorKind::Connect, what, &e);
-        sock.set_read_timeout(Some(timeout)).map_err(err("socket"))?;
-        say_hello(sock, peer, (self.mesh, self.me, self.size | ON_DEMAND), &self.token, timeout)?;
+    /// at most [`ASK_TIMEOUT`] (then the dial asks again, unless it gave up), or until the dial
+    /// is given up: a frozen peer's kernel takes the connection, and nothing ever answers.
+    fn ask(&self, sock: &mut TcpStream, peer: u32, given_up: &dyn Fn() -> bool) -> Result<bool> {
+        let deadline = Instant::now() + self.cfg.timeout.min(ASK_TIMEOUT);
+        let mut sock = Patient { sock, given_up, deadline };
+        say_hello(&mut sock, peer, (self.mesh, self.me, self.size | ON_DEMAND), &self.token)?;
         let mut answer = [0u8; 1];
-        sock.read_exact(&mut answer).map_err(err("no answer to a connection on demand"))?;
+        sock.read_exact(&mut answer)
+            .map_err(|e| Error::io(ErrorKind::Connect, "no answer to a connection on demand", &e))?;
         Ok(answer[0] == 1)
+    }
+}
+
+/// A socket whose reads wait a slice at a time, and end at a deadline or once `given_up` says so.
+struct Patient<'a> {
+    sock: &'a TcpStream,
+    given_up: &'a dyn Fn() -> bool,
+    deadline: Instant,
+}
+
+/// How often a dial waiting for an answer looks whether it was given up.
+const PATIENCE: Duration = Duration::from_millis(20);
+
+impl Read for Patient<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || (self.given_up)() {
+                return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the peer did not answer"));
+            }
+            self.sock.set_read_timeout(Some(left.min(PATIENCE)))?;
+            let mut sock = self.sock;
+            match sock.read(buf) {
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                read => return read,
+            }
+        }
+    }
+}
+
+impl Write for Patient<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut sock = self.sock;
+        sock.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let mut sock = self.sock;
+        sock.flush()
     }
 }
 

@@ -164,6 +164,10 @@ impl OnDemand {
             }
             Err(e) => {
                 drop(dialing);
+                // Given up because news said the peer was lost: that is the reason.
+                if let Some(reason) = self.inbox.lost_anywhere(peer) {
+                    return Err(Error::rank_failed(vec![peer], format!("world rank {peer} failed: {reason}")));
+                }
                 let why = format!("could not connect: {}", e.message());
                 self.inbox.mark_failed(peer, super::Fault::cut(why.clone()));
                 Err(Error::rank_failed(vec![peer], format!("world rank {peer} is unreachable: {why}")))
@@ -183,8 +187,12 @@ impl OnDemand {
         match self.inbox.lost_anywhere(peer) {
             Some(reason) => Error::rank_failed(vec![peer], format!("world rank {peer} failed: {reason}")),
             None => {
-                self.inbox.mark_departed(peer, Vec::new());
-                super::departure(peer, &[])
+                // What it left knowing is unknown: most likely what this rank knows of (a rank
+                // that leaves right after a failure leaves because of it), so that the failure
+                // is named, not the rank that left.
+                let known: Vec<(u32, super::Fault)> = self.inbox.failed().into_iter().collect();
+                self.inbox.mark_departed(peer, self.inbox.by_id(known.clone()));
+                super::departure(peer, &known)
             }
         }
     }

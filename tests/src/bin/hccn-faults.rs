@@ -14,6 +14,10 @@
 //!   survivors shrink again while the result has a failed member, and end with 2 exact ranks.
 //! - `freeze`: the last rank SIGSTOPs itself mid-allreduce; heartbeats must declare it failed
 //!   within about HCCN_DEAD_AFTER_MS; survivors shrink, reduce exactly, then kill the stopped rank.
+//! - `freeze-dial DIALER`: in a world that connects on demand, the last rank SIGSTOPs itself after
+//!   a barrier; rank DIALER, which has no link to it, then sends it a message: the dial (which
+//!   the frozen process's kernel accepts, and nobody answers) must end with RANK_FAILED naming
+//!   it once it is known lost, not at the dial's own timeout. The dialer then kills it.
 //! - `grow` (under `hccnrun --elastic`): the last rank dies mid-allreduce; hccnrun starts a
 //!   replacement, which joins; the survivors rebuild; all reduce exactly at epoch 1.
 //! - `store-host-dies`: on a communicator made with hccn_get_unique_id (whose store lives in rank
@@ -330,6 +334,40 @@ fn freeze(c: &CComm) -> ExitCode {
     }
 }
 
+fn freeze_dial(c: &CComm, dialer: u32) -> ExitCode {
+    let (me, n) = (c.rank(), c.size());
+    let victim = n - 1;
+    // SAFETY: a barrier has no buffers.
+    if let Err((code, msg)) = check(unsafe { hccn_barrier(c.comm, std::ptr::null_mut()) }) {
+        println!("FAIL barrier code={code} msg={msg}");
+        return ExitCode::FAILURE;
+    }
+    if me == victim {
+        println!("FREEZE_AT {}", now_ms());
+        // SAFETY: raising a signal at ourselves.
+        unsafe { libc::raise(libc::SIGSTOP) };
+        return ExitCode::SUCCESS;
+    }
+    if me != dialer {
+        // SAFETY: as above; it ends with the frozen rank declared failed.
+        let r = check(unsafe { hccn_barrier(c.comm, std::ptr::null_mut()) });
+        println!("BYSTANDER {} {r:?}", now_ms());
+        return ExitCode::SUCCESS;
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let one = [1.0f32];
+    // SAFETY: a live buffer of one float for the blocking call.
+    let sent = check(unsafe { hccn_send(one.as_ptr().cast(), 1, FP32, victim, c.comm, std::ptr::null_mut()) });
+    let (code, msg) = sent.err().unwrap_or((0, String::new()));
+    println!("ERROR_AT {} code={code} failed={:?} msg={msg}", now_ms(), c.failed_ranks());
+    kill_stopped_siblings();
+    if code == 100 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
 fn chaos(c: &CComm, delay_us: u64) -> ExitCode {
     let me = c.rank();
     let send = vec![1.0f32; 1 << 20];
@@ -604,6 +642,7 @@ fn main() -> ExitCode {
         }
         "revoke" => revoke_then_shrink(&comm),
         "freeze" => freeze(&comm),
+        "freeze-dial" => freeze_dial(&comm, std::env::args().nth(2).and_then(|v| v.parse().ok()).unwrap_or(2)),
         "partition" => partition(&comm),
         "store-host-dies" => store_host_dies(&comm),
         "chaos" => chaos(&comm, std::env::args().nth(2).and_then(|v| v.parse().ok()).unwrap_or(0)),
