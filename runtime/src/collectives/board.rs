@@ -11,8 +11,9 @@
 //! fingerprint), and board calls are numbered then ("turns"), so that every rank gives the same
 //! call the same slot even when streams run them in another order. The board itself is made by
 //! the first board call: rank 0 creates the file and names it, every rank maps it and says so,
-//! rank 0 unlinks it and announces whether all succeeded (along rank 0's binomial tree). If not, every board call of the
-//! communicator goes to the message algorithms instead; all ranks know the same verdict.
+//! rank 0 unlinks it and announces whether all succeeded (all along rank 0's binomial tree). If
+//! not, every board call of the communicator goes to the message algorithms instead; all ranks
+//! know the same verdict.
 
 use crate::sync::{Locked, Waits};
 use std::ops::Range;
@@ -156,14 +157,12 @@ fn make(ctx: &Ctx<'_>) -> Result<Option<Board>> {
             let msg = ctx.recv(p, TAG_NAME, NAME_MSG)?;
             let got = msg.len().min(NAME_MSG);
             name[..got].copy_from_slice(&msg[..got]);
-            let len = usize::from(name[0]).min(NAME_MSG - 1);
-            let path = String::from_utf8_lossy(&name[1..1 + len]).into_owned();
-            let board = (len > 0)
-                .then(|| ctx.net().open_board(&path, n, me))
-                .transpose()
-                .map_err(|e| tracing::warn!("no shared-memory board ({path}: {e}); small collectives use messages"))
-                .ok()
-                .flatten();
+            let board = path_in(&name).and_then(|path| {
+                ctx.net()
+                    .open_board(&path, n, me)
+                    .map_err(|e| tracing::warn!("no shared-memory board ({path}: {e}); small collectives use messages"))
+                    .ok()
+            });
             (board, name)
         }
     };
@@ -178,9 +177,8 @@ fn make(ctx: &Ctx<'_>) -> Result<Option<Board>> {
     let verdict = match parent {
         None => {
             // Mapped everywhere it will be (or never will be): the name is no longer needed.
-            let len = usize::from(name[0]).min(NAME_MSG - 1);
-            if len > 0 {
-                let _ = std::fs::remove_file(String::from_utf8_lossy(&name[1..1 + len]).as_ref());
+            if let Some(path) = path_in(&name) {
+                let _ = std::fs::remove_file(path);
             }
             below?
         }
@@ -191,6 +189,12 @@ fn make(ctx: &Ctx<'_>) -> Result<Option<Board>> {
     };
     children.iter().try_for_each(|&c| ctx.send(c, TAG_VERDICT, &[verdict as u8]))?;
     Ok(board.filter(|_| verdict))
+}
+
+/// The path a name message carries (its length, then the path), if any.
+fn path_in(name: &[u8; NAME_MSG]) -> Option<String> {
+    let len = usize::from(name[0]).min(NAME_MSG - 1);
+    (len > 0).then(|| String::from_utf8_lossy(&name[1..1 + len]).into_owned())
 }
 
 /// Rank 0's part: creates the board's file; returns it and the name message (an empty name when
