@@ -282,13 +282,20 @@ impl Team {
         self.net.inbox.health(|h| {
             let mut out: Vec<u32> = self.failed_members(h.failed).into_iter().map(|(r, _)| r).collect();
             out.extend(self.cut_members(h).into_iter().map(|c| c.1));
+            let mut unexplained = Vec::new();
             for (r, w) in self.members.iter().enumerate() {
                 let Some(news) = h.departed.get(w) else { continue };
                 let causes: Vec<u32> = news.iter().filter_map(|(x, _)| self.rank_of(*x)).collect();
                 if causes.is_empty() {
-                    out.push(r as u32);
+                    unexplained.push(r as u32);
                 }
                 out.extend(causes);
+            }
+            // A member that left without saying why (its goodbye came before the news, or only
+            // its closed listener told) while members failed left because of them: it is named
+            // only when nothing else explains the trouble.
+            if out.is_empty() {
+                out = unexplained;
             }
             out.sort_unstable();
             out.dedup();
