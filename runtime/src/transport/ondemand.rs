@@ -24,6 +24,11 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::sync::Locked;
 
+/// The error for world rank `peer`, which news says was lost for `reason`.
+fn lost(peer: u32, reason: &str) -> Error {
+    Error::rank_failed(vec![peer], format!("world rank {peer} failed: {reason}"))
+}
+
 /// What a dial found.
 pub(crate) enum Dialed {
     /// A socket past the handshake, which the peer keeps.
@@ -166,7 +171,7 @@ impl OnDemand {
                 drop(dialing);
                 // Given up because news said the peer was lost: that is the reason.
                 if let Some(reason) = self.inbox.lost_anywhere(peer) {
-                    return Err(Error::rank_failed(vec![peer], format!("world rank {peer} failed: {reason}")));
+                    return Err(lost(peer, &reason));
                 }
                 let why = format!("could not connect: {}", e.message());
                 self.inbox.mark_failed(peer, super::Fault::cut(why.clone()));
@@ -185,7 +190,7 @@ impl OnDemand {
             std::thread::sleep(Duration::from_millis(2));
         }
         match self.inbox.lost_anywhere(peer) {
-            Some(reason) => Error::rank_failed(vec![peer], format!("world rank {peer} failed: {reason}")),
+            Some(reason) => lost(peer, &reason),
             None => {
                 // What it left knowing is unknown: most likely what this rank knows of (a rank
                 // that leaves right after a failure leaves because of it), so that the failure
@@ -224,7 +229,7 @@ impl OnDemand {
         deadline: Instant,
     ) -> Result<std::sync::MutexGuard<'a, HashSet<u32>>> {
         if let Some(reason) = self.inbox.lost_anywhere(peer) {
-            return Err(Error::rank_failed(vec![peer], format!("world rank {peer} failed: {reason}")));
+            return Err(lost(peer, &reason));
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
