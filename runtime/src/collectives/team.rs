@@ -6,7 +6,7 @@
 use crate::sync::Locked;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use super::board::BoardCell;
@@ -75,6 +75,11 @@ pub(crate) struct Team {
     pub aborted: AtomicBool,
     /// The first error an operation met (`hccn_comm_get_async_error`).
     pub async_error: Mutex<Option<Error>>,
+    /// The first operation of this rank that failed because members failed: every later one
+    /// fails with it, though this rank's own view may not name them yet (it may have heard only
+    /// that a member left knowing of a failure), as its next call would pair with calls the
+    /// other ranks never make.
+    failed_here: OnceLock<Error>,
 }
 
 impl Team {
@@ -108,6 +113,7 @@ impl Team {
             board,
             aborted: AtomicBool::new(false),
             async_error: Mutex::new(None),
+            failed_here: OnceLock::new(),
         }
     }
 
@@ -318,10 +324,23 @@ impl Team {
                 .unwrap_or(e),
             _ => e,
         };
+        self.remember(&e);
+        e
+    }
+
+    /// Keeps `e`, an error an operation of this rank met, as the communicator's state.
+    pub fn remember(&self, e: &Error) {
+        if e.kind() == ErrorKind::RankFailed {
+            let _ = self.failed_here.set(e.clone());
+        }
         let mut slot = self.async_error.locked();
         if slot.is_none() && e.kind() != ErrorKind::Timeout {
             *slot = Some(e.clone());
         }
-        e
+    }
+
+    /// The failure an operation of this rank already met, if any (see `failed_here`).
+    pub fn failed_here(&self) -> Option<&Error> {
+        self.failed_here.get()
     }
 }

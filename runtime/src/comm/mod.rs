@@ -190,12 +190,13 @@ impl CommInner {
 
     fn check(&self, departures: bool) -> Result<()> {
         // The common case costs two loads: nothing failed, left or was revoked anywhere.
-        if self.net.inbox.health_changes() == 0 && !self.aborted.load(Ordering::Relaxed) {
+        let calm = self.net.inbox.health_changes() == 0 && !self.aborted.load(Ordering::Relaxed);
+        if calm && self.failed_here().is_none() {
             return Ok(());
         }
         match self.net.inbox.health(|h| self.status_of(h, departures)) {
             Some(e) => Err(e),
-            None => Ok(()),
+            None => self.failed_here().map_or(Ok(()), |e| Err(e.clone())),
         }
     }
 
@@ -370,6 +371,10 @@ impl Planned {
         }
         if let (Err(e), FrameKind::Collective) = (&r, self.kind) {
             inner.abandon(self.seq, e);
+            if e.kind() == ErrorKind::RankFailed {
+                // Not every wait meets its failure through `translate` (the board's do not).
+                inner.remember(e);
+            }
         }
         r
     }
