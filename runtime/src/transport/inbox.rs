@@ -308,14 +308,20 @@ impl Inbox {
         std::mem::take(&mut self.lock().unannounced)
     }
 
-    /// Every loss known here: this rank's own, and the peers others reported lost (what a
-    /// goodbye carries, so that the ranks still waiting learn why this one leaves).
+    /// Every loss known here: this rank's own, the peers others reported lost, and those the
+    /// ranks that left named (what a goodbye carries, so that the ranks still waiting learn why
+    /// this one leaves, though it learnt of the failure only from another's goodbye).
     pub fn losses(&self) -> Vec<(u32, Fault)> {
         let st = self.lock();
         let mut out: Vec<(u32, Fault)> = st.failed.iter().map(|(r, f)| (*r, f.clone())).collect();
         for ((by, lost), why) in &st.cuts {
             if !st.failed.contains_key(lost) && !out.iter().any(|(r, _)| r == lost) {
                 out.push((*lost, Fault::cut(format!("world rank {by} lost it: {why}"))));
+            }
+        }
+        for (lost, f) in st.departed.values().flatten() {
+            if !out.iter().any(|(r, _)| r == lost) {
+                out.push((*lost, f.clone()));
             }
         }
         out

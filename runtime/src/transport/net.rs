@@ -367,15 +367,15 @@ pub(crate) fn introduce(link: &dyn Link, pulse: Option<&pulse::Pulse>) {
 
 impl Drop for Net {
     fn drop(&mut self) {
-        // No new links once the world ends.
-        if let Some(on) = &self.on_demand {
-            on.close();
-        }
-        // Stop watching before the links close, or their closing would look like failures.
-        drop(self.watchdog.take());
         // A goodbye carries what this rank lost: the peers learn why it left with it.
         let graceful = self.graceful.load(std::sync::atomic::Ordering::SeqCst);
         let news = graceful.then(|| news::encode(&self.inbox.by_id(self.inbox.losses())));
+        // No new links once the world ends.
+        if let Some(on) = &self.on_demand {
+            on.close(news.clone());
+        }
+        // Stop watching before the links close, or their closing would look like failures.
+        drop(self.watchdog.take());
         for (_, link) in self.links.all() {
             link.close(news.as_deref());
         }

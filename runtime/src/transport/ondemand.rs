@@ -12,7 +12,7 @@
 use std::collections::HashSet;
 use std::net::TcpStream;
 use std::os::fd::RawFd;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::channel::{Channel, Progress};
@@ -27,6 +27,20 @@ use crate::sync::Locked;
 /// The error for world rank `peer`, which news says was lost for `reason`.
 fn lost(peer: u32, reason: &str) -> Error {
     Error::rank_failed(vec![peer], format!("world rank {peer} failed: {reason}"))
+}
+
+/// Says goodbye on a connection the peer kept and this rank will not, and reads until the peer
+/// closes its side (briefly): closing with its first frames unread would reset the connection,
+/// and a reset can overtake the goodbye.
+fn leave(sock: &TcpStream, news: &[u8]) {
+    use std::io::Read;
+    tcp::say_goodbye(sock, news);
+    let _ = sock.shutdown(std::net::Shutdown::Write);
+    let _ = sock.set_read_timeout(Some(Duration::from_millis(20)));
+    let until = Instant::now() + Duration::from_millis(100);
+    let mut sink = [0u8; 4096];
+    let mut reader = sock;
+    while Instant::now() < until && reader.read(&mut sink).is_ok_and(|n| n > 0) {}
 }
 
 /// What a dial found.
@@ -65,8 +79,8 @@ pub(crate) struct OnDemand {
     progress: Option<Progress>,
     cfg: Config,
     connector: Box<dyn Connector>,
-    /// The world ended: no more links.
-    closed: std::sync::atomic::AtomicBool,
+    /// The world ended: no more links. Holds the goodbye it ended with (`None`: abruptly).
+    ended: OnceLock<Option<Vec<u8>>>,
     /// Peers this rank is dialing now.
     dialing: Mutex<HashSet<u32>>,
     /// Peers dialed on threads of their own (see [`OnDemand::connect_aside`]).
@@ -93,7 +107,7 @@ impl OnDemand {
             progress,
             cfg: cfg.clone(),
             connector,
-            closed: std::sync::atomic::AtomicBool::new(false),
+            ended: OnceLock::new(),
             dialing: Mutex::new(HashSet::new()),
             aside: Mutex::new(HashSet::new()),
             settled: Condvar::new(),
@@ -107,14 +121,18 @@ impl OnDemand {
 
     /// Takes the connections waiting at the listener (see [`Connector::accept`]).
     pub fn accept(self: &Arc<Self>) {
-        if !self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+        if self.ended.get().is_none() {
             self.connector.accept(self);
         }
     }
 
-    /// The world ends: connections still being handshaken are refused.
-    pub fn close(&self) {
-        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+    /// The world ends, with `goodbye` on its links (`None`: abruptly): connections still being
+    /// handshaken are refused, and one the peer already kept hears the same goodbye.
+    pub fn close(&self, goodbye: Option<Vec<u8>>) {
+        // Under the lock links are installed under: a link installed before is among those
+        // the world says goodbye on; none is installed after.
+        let _dialing = self.dialing.locked();
+        let _ = self.ended.set(goodbye);
     }
 
     /// The link to world rank `peer`, connecting first if there is none yet.
@@ -195,7 +213,7 @@ impl OnDemand {
                 // What it left knowing is unknown: most likely what this rank knows of (a rank
                 // that leaves right after a failure leaves because of it), so that the failure
                 // is named, not the rank that left.
-                let known: Vec<(u32, super::Fault)> = self.inbox.failed().into_iter().collect();
+                let known = self.inbox.losses();
                 self.inbox.mark_departed(peer, self.inbox.by_id(known.clone()));
                 super::departure(peer, &known)
             }
@@ -256,10 +274,11 @@ impl OnDemand {
         if peer == self.me || peer as usize >= self.links.len() {
             return answer(false).map(|()| false);
         }
-        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+        let dialing = self.dialing.locked();
+        if self.ended.get().is_some() {
+            // No answer: the dialer asks again and finds the listener closed, a departure.
             return Ok(false);
         }
-        let dialing = self.dialing.locked();
         let theirs_wins = !dialing.contains(&peer) || peer < self.me;
         if self.links.peer(peer).is_some() || !theirs_wins {
             return answer(false).map(|()| false);
@@ -276,6 +295,17 @@ impl OnDemand {
     /// Starts the link on `sock`, with shared memory where the pair links that way, and files it
     /// as `peer`'s (called under `dialing`).
     fn install(&self, peer: u32, sock: TcpStream) -> Result<Peer> {
+        if let Some(goodbye) = self.ended.get() {
+            // The peer kept this connection (this rank dialed): without the goodbye, its end
+            // would look like a crash to the peer.
+            if let Some(news) = goodbye {
+                leave(&sock, news);
+            }
+            return Err(Error::new(
+                crate::error::ErrorKind::Aborted,
+                format!("no link to world rank {peer}: this rank's world ended"),
+            ));
+        }
         let (sock, local) = self.connector.upgrade(peer, sock)?;
         let link = tcp::start_link(sock, peer, &self.inbox, &self.cfg)?;
         let transport = if local.is_some() { "shm" } else { "tcp" };

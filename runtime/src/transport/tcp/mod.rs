@@ -67,8 +67,7 @@ impl Link for TcpLink {
         c.closing.store(true, Ordering::SeqCst);
         if let Some(news) = goodbye {
             let _w = self.writing.locked();
-            let hdr = FrameHeader { len: news.len() as u64, ..GOODBYE };
-            let _ = send_all(&c.sock, &hdr.encode(), news);
+            say_goodbye(&c.sock, news);
         }
         let _ = c.sock.shutdown(std::net::Shutdown::Both);
         self.engine.remove(self.token, c.fd);
@@ -284,6 +283,13 @@ const GOODBYE: FrameHeader = FrameHeader {
     len: 0,
     fp: crate::wire::Fingerprint { op: 0, dtype: 0, redop: 0, root: 0, count: 0 },
 };
+
+/// Tells the peer on `sock` that this rank leaves on purpose, knowing of `news` (best effort:
+/// a peer that cannot hear it sees the connection end).
+pub(crate) fn say_goodbye(sock: &TcpStream, news: &[u8]) {
+    let hdr = FrameHeader { len: news.len() as u64, ..GOODBYE };
+    let _ = send_all(sock, &hdr.encode(), news);
+}
 
 /// What a broken connection says of the peer: an end without a goodbye, or a reset, is its
 /// process gone (the kernel closes a dead process's sockets); anything else only a lost link.
