@@ -29,6 +29,9 @@ fn lost(peer: u32, reason: &str) -> Error {
     Error::rank_failed(vec![peer], format!("world rank {peer} failed: {reason}"))
 }
 
+/// How long a world that ends waits for the dials under way (see [`OnDemand::close`]).
+const CLOSING_DIALS: Duration = Duration::from_millis(300);
+
 /// Says goodbye on a connection the peer kept and this rank will not, and reads until the peer
 /// closes its side (briefly): closing with its first frames unread would reset the connection,
 /// and a reset can overtake the goodbye.
@@ -131,8 +134,16 @@ impl OnDemand {
     pub fn close(&self, goodbye: Option<Vec<u8>>) {
         // Under the lock links are installed under: a link installed before is among those
         // the world says goodbye on; none is installed after.
-        let _dialing = self.dialing.locked();
+        let mut dialing = self.dialing.locked();
         let _ = self.ended.set(goodbye);
+        // A dial under way (a new neighbour's, on a thread of its own) may have been kept by
+        // its peer already: it is let end, briefly, so that the peer hears the goodbye rather
+        // than this process's exit.
+        let until = Instant::now() + CLOSING_DIALS;
+        while !dialing.is_empty() && Instant::now() < until {
+            dialing =
+                self.settled.wait_timeout(dialing, Duration::from_millis(5)).map_or_else(|p| p.into_inner().0, |g| g.0);
+        }
     }
 
     /// The link to world rank `peer`, connecting first if there is none yet.
