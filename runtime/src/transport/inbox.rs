@@ -639,3 +639,28 @@ impl Inbox {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_goodbye_names_the_failures_the_departed_told_of() {
+        // World rank 5 left knowing that rank 7 was killed; this rank never heard of it
+        // directly. Its own goodbye must still name rank 7: ranks waiting for it learn the
+        // cause, not "rank 3 left".
+        let inbox = Inbox::default();
+        inbox.note_intro(5, 0x55, None);
+        inbox.note_intro(7, 0x77, None);
+        inbox.mark_departed(5, vec![(0x77, Fault::sure("connection closed without a goodbye"))]);
+        let losses = inbox.losses();
+        assert_eq!(losses.len(), 1, "{losses:?}");
+        assert_eq!(losses[0].0, 7);
+        assert!(losses[0].1.sure);
+        // A failure this rank saw itself is told once, in its own words.
+        inbox.mark_failed(7, Fault::cut("silent for 900 ms"));
+        let losses = inbox.losses();
+        assert_eq!(losses.len(), 1, "{losses:?}");
+        assert_eq!(losses[0].1.reason, "silent for 900 ms");
+    }
+}
