@@ -34,6 +34,10 @@ pub(crate) trait Link: Send + Sync {
     /// Closes the connection; with a goodbye (carrying the news given), so that the peer sees a
     /// departure, not a failure.
     fn close(&self, goodbye: Option<&[u8]>);
+    /// After a close with a goodbye: reads what the peer still sends until it closes its side
+    /// too, or until `until`. Closing a socket with unread bytes resets the connection, and the
+    /// reset may discard the goodbye before it left this host: the peer would see a crash.
+    fn linger(&self, _until: std::time::Instant) {}
     /// Sends a control frame (suspicions, an eviction) unless that would wait for another
     /// thread's frame or a full socket; false when not sent (try again later).
     fn control(&self, hdr: &FrameHeader, payload: &[u8]) -> bool;

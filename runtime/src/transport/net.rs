@@ -3,7 +3,7 @@
 
 use crate::sync::RwLocked;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::channel::{Channel, Progress, SelfChannel, Status};
 use super::ondemand::{Connector, OnDemand};
@@ -340,6 +340,9 @@ impl Net {
     }
 }
 
+/// How long a world that ends waits for its peers to close their side after its goodbye.
+const LINGER: Duration = Duration::from_millis(200);
+
 /// This process's incarnation: a random id that names it in news to peers (see news.rs).
 pub(crate) fn incarnation() -> u64 {
     static ID: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
@@ -376,8 +379,17 @@ impl Drop for Net {
         }
         // Stop watching before the links close, or their closing would look like failures.
         drop(self.watchdog.take());
-        for (_, link) in self.links.all() {
+        let links = self.links.all();
+        for (_, link) in &links {
             link.close(news.as_deref());
+        }
+        if news.is_some() {
+            // The peers close their side once they read the goodbye (tcp/rx.rs); a frozen one
+            // costs this much once, not per link.
+            let until = Instant::now() + LINGER;
+            for (_, link) in &links {
+                link.linger(until);
+            }
         }
     }
 }

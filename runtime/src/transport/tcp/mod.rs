@@ -65,15 +65,37 @@ impl Link for TcpLink {
     fn close(&self, goodbye: Option<&[u8]>) {
         let c = &self.conn;
         c.closing.store(true, Ordering::SeqCst);
-        if let Some(news) = goodbye {
-            let _w = self.writing.locked();
-            say_goodbye(&c.sock, news);
-        }
-        let _ = c.sock.shutdown(std::net::Shutdown::Both);
+        let how = match goodbye {
+            Some(news) => {
+                let _w = self.writing.locked();
+                say_goodbye(&c.sock, news);
+                // The reading side stays open for `linger`.
+                std::net::Shutdown::Write
+            }
+            None => std::net::Shutdown::Both,
+        };
+        let _ = c.sock.shutdown(how);
         self.engine.remove(self.token, c.fd);
         // Once the engine's turn on this link (if any) is over, nothing more is filed from it.
         drop(c.reading.locked());
         tracing::debug!(peer = c.peer, graceful = goodbye.is_some(), "link closed");
+    }
+
+    fn linger(&self, until: Instant) {
+        let mut sink = [0u8; 4096];
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            let mut p = libc::pollfd { fd: self.conn.fd, events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd; `conn.sock` keeps the fd open.
+            if left.is_zero() || unsafe { libc::poll(&mut p, 1, left.as_millis().max(1) as i32) } <= 0 {
+                return;
+            }
+            // SAFETY: a writable buffer of its length; `conn.sock` keeps the fd open.
+            let n = unsafe { libc::recv(self.conn.fd, sink.as_mut_ptr().cast(), sink.len(), libc::MSG_DONTWAIT) };
+            if n == 0 || (n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock) {
+                return;
+            }
+        }
     }
 
     fn control(&self, hdr: &FrameHeader, payload: &[u8]) -> bool {

@@ -249,6 +249,8 @@ fn file(c: &Conn, rx: &mut Rx, hdr: FrameHeader) -> Result<bool, Option<Fault>> 
     match hdr.kind {
         FrameKind::Goodbye => {
             inbox.mark_departed(peer, news::decode(&payload).unwrap_or_default());
+            // Nothing more goes to a rank that left: closing this side ends its wait (`linger`).
+            let _ = c.sock.shutdown(std::net::Shutdown::Write);
             return Err(None);
         }
         FrameKind::Intro => match <[u8; 10]>::try_from(&payload[..]) {
