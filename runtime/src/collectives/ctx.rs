@@ -12,6 +12,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::reduce;
 use crate::trace;
 use crate::transport::shm::{Out, Sink, WritePiece};
+use crate::transport::Flow;
 use crate::transport::Key;
 use crate::types::{DataType, ReduceOp};
 use crate::wire::{Fingerprint, FrameHeader, FrameKind};
@@ -230,14 +231,20 @@ impl<'a> Ctx<'a> {
     /// Starts sending `data` to `to`; the send completes when [`Ctx::wait_sends`] returns. A large
     /// chunk to a same-host peer is read by the peer straight from `data` (which is why the
     /// borrow lasts until then); anything else is sent before this returns.
-    pub fn send_start<'d>(&self, sends: &mut Sends<'d>, to: u32, tag: u32, data: Cow<'d, [u8]>) -> Result<()>
+    pub fn send_start<'d>(
+        &self,
+        sends: &mut Sends<'d>,
+        (to, tag): (u32, u32),
+        data: Cow<'d, [u8]>,
+        flow: Flow,
+    ) -> Result<()>
     where
         'a: 'd,
     {
         let t = trace::start();
         let dst = self.world(to)?;
         let hdr = self.header(tag, data.len());
-        let index = self.comm.net.send_start(dst, &hdr, &data).map_err(|e| self.comm.translate(e))?;
+        let index = self.comm.net.send_start(dst, &hdr, &data, flow).map_err(|e| self.comm.translate(e))?;
         if t.is_on() {
             trace::transfer(t, self.world_rank(), to, dst, data.len() as u64, true);
         }
@@ -412,7 +419,7 @@ impl<'a> Ctx<'a> {
     pub fn send_chunked_read_by_peer(&self, to: u32, tag: u32, data: &[u8]) -> Result<()> {
         let mut sends = Sends::default();
         for r in self.chunks(data.len()) {
-            self.send_start(&mut sends, to, tag, Cow::Borrowed(&data[r]))?;
+            self.send_start(&mut sends, (to, tag), Cow::Borrowed(&data[r]), Flow::Pipeline)?;
         }
         self.wait_sends(&mut sends)
     }

@@ -9,6 +9,7 @@ use std::borrow::Cow;
 use super::ctx::Sends;
 use super::{Algorithm, AllToAllArgs, Ctx};
 use crate::error::Result;
+use crate::transport::Flow;
 
 pub(crate) struct Pairwise;
 
@@ -32,7 +33,7 @@ impl Algorithm for Pairwise {
                 if c < k_out {
                     let cr = ctx.chunk_range(out.len(), c);
                     let chunk = &w.send[out.start + cr.start..out.start + cr.end];
-                    ctx.send_start(&mut sends, to, s, Cow::Borrowed(chunk))?;
+                    ctx.send_start(&mut sends, (to, s), Cow::Borrowed(chunk), Flow::Exchange)?;
                 }
                 if c < k_in {
                     let cr = ctx.chunk_range(in_.len(), c);

@@ -25,6 +25,7 @@ use super::ring::{segment, split};
 use super::{Algorithm, Ctx, ReduceArgs};
 use crate::error::{Error, Result};
 use crate::reduce;
+use crate::transport::Flow;
 use crate::types::{DataType, ReduceOp};
 
 pub(crate) struct Rhd {
@@ -95,7 +96,8 @@ fn exchange(
     let mut sends = Sends::default();
     for c in 0..k_out.max(k_in) {
         if c < k_out {
-            ctx.send_start(&mut sends, peer, tag, Cow::Borrowed(&src[ctx.chunk_range(src.len(), c)]))?;
+            let chunk = Cow::Borrowed(&src[ctx.chunk_range(src.len(), c)]);
+            ctx.send_start(&mut sends, (peer, tag), chunk, Flow::Pipeline)?;
         }
         if c < k_in {
             let r = ctx.chunk_range(dst.len(), c);

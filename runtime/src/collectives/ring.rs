@@ -11,6 +11,7 @@ use super::ctx::Sends;
 use super::{Algorithm, Ctx, GatherArgs, ReduceArgs, ReduceScatterArgs};
 use crate::error::{Error, Result};
 use crate::reduce;
+use crate::transport::Flow;
 use crate::types::{DataType, ReduceOp};
 
 pub(crate) struct Ring;
@@ -132,7 +133,7 @@ fn step(ctx: &Ctx<'_>, tag: u32, src: &[u8], dst_all: &mut [u8], codec: &dyn Cod
     for c in 0..k_out.max(k_in) {
         if c < k_out {
             let r = ctx.chunk_range(src.len(), c);
-            ctx.send_start(&mut sends, next, tag, codec.encode(&src[r]))?;
+            ctx.send_start(&mut sends, (next, tag), codec.encode(&src[r]), Flow::Pipeline)?;
         }
         if c < k_in {
             let r = ctx.chunk_range(dst_all.len(), c);

@@ -21,6 +21,18 @@ pub(crate) type Progress = Arc<dyn Fn() + Send + Sync>;
 /// What a receive's status check is (see [`Health`]).
 pub(crate) type Status<'a> = &'a dyn Fn(&Health<'_>) -> Option<Error>;
 
+/// What a frame started with [`Channel::send_start`] is part of: where the host's ranks
+/// outnumber its cores, that decides whether a same-host peer should read it in place.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Flow {
+    /// A pipeline (rings, halving-doubling): each rank sends and receives chunks at once, and
+    /// the two copies through the ring's cached slots beat a read in place on crowded cores.
+    Pipeline,
+    /// Whole blocks, each peer in its own step (pairwise exchange): one copy wins on crowded
+    /// cores too.
+    Exchange,
+}
+
 /// The data path to one peer.
 pub(crate) trait Channel: Send + Sync {
     /// `"shm"`, `"tcp"` or `"self"`.
@@ -32,7 +44,8 @@ pub(crate) trait Channel: Send + Sync {
     /// Starts sending one data frame. `Some(number)` when the peer reads `payload` where it
     /// lies: then [`Channel::send_wait`] (or [`Channel::send_withdraw`]) must follow before
     /// `payload` changes or is freed. By default the frame is sent at once.
-    fn send_start(&self, hdr: &FrameHeader, payload: &[u8]) -> Result<Option<u64>> {
+    fn send_start(&self, hdr: &FrameHeader, payload: &[u8], flow: Flow) -> Result<Option<u64>> {
+        let _ = flow;
         self.send(hdr, payload).map(|()| None)
     }
 

@@ -31,6 +31,7 @@ pub(crate) mod usage;
 pub(crate) mod wait;
 pub(crate) mod waker;
 
+pub(crate) use channel::Flow;
 pub(crate) use inbox::{departure, Health, Inbox};
 pub(crate) use link::{poll_yielding, DirectRead, Frame, Key, Link, POLL_ALONE_MAX, TCP_POLL};
 pub(crate) use net::{incarnation, LinkTable, Net};

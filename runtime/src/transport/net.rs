@@ -1,6 +1,7 @@
 //! A world of processes as this rank reaches it: one link per peer, shared memory to the peers
 //! on this host, the inbox, and the watchdog.
 
+use super::channel::Flow;
 use crate::sync::RwLocked;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -286,10 +287,10 @@ impl Net {
     }
 
     /// Starts sending one data frame to world rank `dst` (see [`Channel::send_start`]).
-    pub fn send_start(&self, dst: u32, hdr: &FrameHeader, payload: &[u8]) -> Result<Option<u64>> {
+    pub fn send_start(&self, dst: u32, hdr: &FrameHeader, payload: &[u8], flow: Flow) -> Result<Option<u64>> {
         match self.channel(dst) {
             Err(_) if self.inbox.has_departed(dst) => Ok(None),
-            c => c?.send_start(hdr, payload),
+            c => c?.send_start(hdr, payload, flow),
         }
     }
 

@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use super::{Frame, Health, Inbox, Key};
+use super::{Flow, Frame, Health, Inbox, Key};
 use crate::config::{Config, Transport, MAX_CHUNK_BYTES};
 use crate::error::{Error, ErrorKind, Result};
 use crate::mem::{PeerMaps, RegionRef};
@@ -283,17 +283,21 @@ impl Shm {
     }
 
     /// True when `payload` should go to `rank` by descriptor, for the receiver to read once,
-    /// rather than be copied through the ring. Where the host's ranks outnumber its cores only a
-    /// payload in shareable memory (read in place) does: there a receiver's `process_vm_readv`
-    /// (which pins the sender's pages) while its sender waits cost more than two copies made by
-    /// both sides through the ring's cached slots (4 ranks on 2 cores: allgather and
-    /// reduce-scatter 1.7-2.3x, the ring allreduce 1.6-2x slower from 1 to 64 MiB). Ranks bound
-    /// to a core each (`--bind-to core`) have a core apiece: there the single copy wins (2 bound
-    /// ranks, 1 MiB alltoall 72-81 us against 150 by the ring, 4 MiB allreduce 690-707 against
-    /// 860-920).
-    pub fn single_copy(&self, rank: u32, payload: &[u8]) -> bool {
+    /// rather than be copied through the ring. Where the host's ranks outnumber its cores, a
+    /// pipeline's frame does only when it lies in shareable memory (read in place): there a
+    /// receiver's `process_vm_readv` (which pins the sender's pages) while its sender waits cost
+    /// more than two copies made by both sides through the ring's cached slots (4 ranks on 2
+    /// cores: allgather and reduce-scatter 1.7-2.3x, the ring allreduce 1.6-2x slower from 1 to
+    /// 64 MiB); an exchange's whole block does anyway (4 ranks on 2 cores, alltoall of 256 KiB
+    /// 47-56 us against 72, 1 MiB 240-300 against 375, 4 MiB 950-1,100 against 1,350). Ranks
+    /// bound to a core each (`--bind-to core`) have a core apiece: there the single copy wins
+    /// (2 bound ranks, 1 MiB alltoall 72-81 us against 150 by the ring, 4 MiB allreduce 690-707
+    /// against 860-920).
+    pub fn single_copy(&self, rank: u32, payload: &[u8], flow: Flow) -> bool {
         self.cma(rank)
-            && (!self.wait.shares_cores() || crate::mem::find(payload.as_ptr() as usize, payload.len()).is_some())
+            && (flow == Flow::Exchange
+                || !self.wait.shares_cores()
+                || crate::mem::find(payload.as_ptr() as usize, payload.len()).is_some())
     }
 }
 
@@ -330,8 +334,8 @@ impl crate::transport::channel::Channel for ShmChannel {
         self.shm.send(self.peer, hdr, payload, &self.inbox, self.timeout)
     }
 
-    fn send_start(&self, hdr: &FrameHeader, payload: &[u8]) -> Result<Option<u64>> {
-        if payload.len() < CMA_MIN || !self.shm.single_copy(self.peer, payload) {
+    fn send_start(&self, hdr: &FrameHeader, payload: &[u8], flow: Flow) -> Result<Option<u64>> {
+        if payload.len() < CMA_MIN || !self.shm.single_copy(self.peer, payload, flow) {
             return self.send(hdr, payload).map(|()| None);
         }
         self.lost_earlier()?;
