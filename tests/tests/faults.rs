@@ -57,6 +57,15 @@ fn sigkill_amid_small_collectives_of_every_kind_fails_survivors_within_two_secon
     }
 }
 
+#[test]
+fn sigkill_amid_large_collectives_of_every_kind_fails_survivors_within_two_seconds() {
+    // Blocks of 256 KiB: alltoall's go by descriptor (read in place) even where the ranks share
+    // cores, the rings' chunks through the rings; a reader of a dead sender's memory must fail.
+    for n in [3u32, 4] {
+        sigkill_mid(n, "kill-large-every-kind", &[]);
+    }
+}
+
 /// The last of `n` ranks SIGKILLs itself in a large allreduce: every survivor must report the
 /// failure (naming it) within 2 s, and no process may outlive the job.
 fn sigkill_mid_allreduce(n: u32, env: &[(&str, &str)]) -> launch::Outcome {

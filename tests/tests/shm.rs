@@ -59,6 +59,24 @@ fn frames_larger_than_a_ring_stream_through_it_in_every_pattern() {
 }
 
 #[test]
+fn alltoall_blocks_read_in_place_by_more_ranks_than_cores_arrive_whole() {
+    // Pairwise alltoall offers its blocks for a single copy even where ranks share cores (the
+    // rings' pipelines do not): 4 and 5 ranks on a 2-core machine, blocks from 64 KiB up.
+    for n in [4u32, 5] {
+        let args = ["--op", "alltoall", "-b", "256K", "-e", "16M", "-f", "4", "-c", "-w", "1", "-n", "2"];
+        let out = launch::hccnrun(
+            n,
+            &launch::bin("hccn-perf"),
+            &args,
+            &[("HCCN_TRANSPORT", "shm")],
+            Duration::from_secs(120),
+        );
+        assert_eq!(out.code, Some(0), "{n} ranks: {}", out.describe());
+        assert!(out.stdout.contains("Wrong elements       : 0 OK"), "{n} ranks: {}", out.describe());
+    }
+}
+
+#[test]
 fn single_copy_reads_mapped_buffers_and_the_rings_give_identical_bits_with_2_3_4_ranks() {
     let worker = PathBuf::from(env!("CARGO_BIN_EXE_hccn-cma"));
     // The cost model's chunks, and chunks of exactly the threshold, where a step's full chunks

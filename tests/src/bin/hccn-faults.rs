@@ -1,7 +1,7 @@
 //! Fault scenarios for one rank of a job started by hccnrun, through the C ABI. Lines starting
 //! with an upper-case word are read by tests/tests/faults.rs.
 //!
-//! - `kill` (`kill-small`, `kill-small-every-kind`): the last rank SIGKILLs itself in the middle
+//! - `kill` (`kill-small`, `kill-small-every-kind`, `kill-large-every-kind`): the last rank SIGKILLs itself in the middle
 //!   of a large allreduce (a run of 64-byte ones, or of small collectives of every kind, which
 //!   take the shared-memory board); survivors must get
 //!   HCCN_ERROR_RANK_FAILED naming it, and every later call must fail at once.
@@ -79,6 +79,7 @@ fn kill(c: &CComm, elems: usize, every_kind: bool) -> ExitCode {
             unsafe { libc::raise(libc::SIGKILL) };
         });
     }
+    let started = std::time::Instant::now();
     for i in 0.. {
         let r = match every_kind {
             true => small_collective(c, i, elems, &send, &mut recv),
@@ -98,8 +99,8 @@ fn kill(c: &CComm, elems: usize, every_kind: bool) -> ExitCode {
             let good = code == 100 && failed == vec![victim] && again == Some(100) && async_err == 100;
             return if good { ExitCode::SUCCESS } else { ExitCode::FAILURE };
         }
-        // Large ones take ~10 ms each; small ones microseconds: run either for ~10 s at most.
-        if i > 1000 && (elems > 4096 || i > 10_000_000) {
+        // The victim dies 300 ms in: 10 s without an error is a failure.
+        if started.elapsed() > Duration::from_secs(10) {
             break;
         }
     }
@@ -631,6 +632,7 @@ fn main() -> ExitCode {
         "kill" => kill(&comm, 16 << 20, false),
         "kill-small" => kill(&comm, 16, false),
         "kill-small-every-kind" => kill(&comm, 16, true),
+        "kill-large-every-kind" => kill(&comm, 64 << 10, true),
         "intruder" => intruder(&comm),
         "deadline" => deadline(&comm),
         "leave" => leave(comm, &std::env::args().nth(2).unwrap_or_default()),
