@@ -419,7 +419,7 @@ impl<'a> Ctx<'a> {
     pub fn send_chunked_read_by_peer(&self, to: u32, tag: u32, data: &[u8]) -> Result<()> {
         let mut sends = Sends::default();
         for r in self.chunks(data.len()) {
-            self.send_start(&mut sends, (to, tag), Cow::Borrowed(&data[r]), Flow::Pipeline)?;
+            self.send_start(&mut sends, (to, tag), Cow::Borrowed(&data[r]), Flow::Combined)?;
         }
         self.wait_sends(&mut sends)
     }

@@ -33,7 +33,7 @@ impl Algorithm for Pairwise {
                 if c < k_out {
                     let cr = ctx.chunk_range(out.len(), c);
                     let chunk = &w.send[out.start + cr.start..out.start + cr.end];
-                    ctx.send_start(&mut sends, (to, s), Cow::Borrowed(chunk), Flow::Exchange)?;
+                    ctx.send_start(&mut sends, (to, s), Cow::Borrowed(chunk), Flow::Stored)?;
                 }
                 if c < k_in {
                     let cr = ctx.chunk_range(in_.len(), c);

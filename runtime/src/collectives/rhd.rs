@@ -97,7 +97,7 @@ fn exchange(
     for c in 0..k_out.max(k_in) {
         if c < k_out {
             let chunk = Cow::Borrowed(&src[ctx.chunk_range(src.len(), c)]);
-            ctx.send_start(&mut sends, (peer, tag), chunk, Flow::Pipeline)?;
+            ctx.send_start(&mut sends, (peer, tag), chunk, Flow::Combined)?;
         }
         if c < k_in {
             let r = ctx.chunk_range(dst.len(), c);

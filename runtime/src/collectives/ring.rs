@@ -129,11 +129,15 @@ fn step(ctx: &Ctx<'_>, tag: u32, src: &[u8], dst_all: &mut [u8], codec: &dyn Cod
         OnArrival::ReduceOnto { base, .. } => base,
         _ => &[],
     };
+    let flow = match land {
+        OnArrival::Store => Flow::Stored,
+        _ => Flow::Combined,
+    };
     let mut sends = Sends::default();
     for c in 0..k_out.max(k_in) {
         if c < k_out {
             let r = ctx.chunk_range(src.len(), c);
-            ctx.send_start(&mut sends, (next, tag), codec.encode(&src[r]), Flow::Pipeline)?;
+            ctx.send_start(&mut sends, (next, tag), codec.encode(&src[r]), flow)?;
         }
         if c < k_in {
             let r = ctx.chunk_range(dst_all.len(), c);

@@ -21,16 +21,18 @@ pub(crate) type Progress = Arc<dyn Fn() + Send + Sync>;
 /// What a receive's status check is (see [`Health`]).
 pub(crate) type Status<'a> = &'a dyn Fn(&Health<'_>) -> Option<Error>;
 
-/// What a frame started with [`Channel::send_start`] is part of: where the host's ranks
-/// outnumber its cores, that decides whether a same-host peer should read it in place.
+/// What the receiver of a frame started with [`Channel::send_start`] does with it: where the
+/// host's ranks outnumber their cores, that decides whether a same-host peer should read it in
+/// place (see `Shm::single_copy`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Flow {
-    /// A pipeline (rings, halving-doubling): each rank sends and receives chunks at once, and
-    /// the two copies through the ring's cached slots beat a read in place on crowded cores.
-    Pipeline,
-    /// Whole blocks, each peer in its own step (pairwise exchange): one copy wins on crowded
-    /// cores too.
-    Exchange,
+    /// Combines it with its own data as it arrives (the reduce steps of rings and halving-
+    /// doubling): on crowded cores two copies through the ring's cached slots beat a read in
+    /// place, whose reader reduces while the sender waits.
+    Combined,
+    /// Only stores it (allgather, gather, alltoall, allreduce's second half): one copy wins on
+    /// crowded cores too.
+    Stored,
 }
 
 /// The data path to one peer.

@@ -284,18 +284,19 @@ impl Shm {
 
     /// True when `payload` should go to `rank` by descriptor, for the receiver to read once,
     /// rather than be copied through the ring. Where the host's ranks outnumber its cores, a
-    /// pipeline's frame does only when it lies in shareable memory (read in place): there a
-    /// receiver's `process_vm_readv` (which pins the sender's pages) while its sender waits cost
-    /// more than two copies made by both sides through the ring's cached slots (4 ranks on 2
-    /// cores: allgather and reduce-scatter 1.7-2.3x, the ring allreduce 1.6-2x slower from 1 to
-    /// 64 MiB); an exchange's whole block does anyway (4 ranks on 2 cores, alltoall of 256 KiB
-    /// 47-56 us against 72, 1 MiB 240-300 against 375, 4 MiB 950-1,100 against 1,350). Ranks
+    /// frame its receiver combines on arrival does only when it lies in shareable memory (read
+    /// in place): there a receiver's `process_vm_readv` (which pins the sender's pages) while
+    /// it reduces and its sender waits cost more than two copies made by both sides through the
+    /// ring's cached slots (measured when every frame went that way, 4 ranks on 2 cores: the
+    /// ring allreduce 1.6-2x slower from 1 to 64 MiB); a frame only stored does anyway (4 ranks
+    /// on 2 cores: alltoall of 256 KiB 47-56 us against 72, 1 MiB 240-300 against 375; allgather
+    /// of 1 MiB 750-865 against 1,120-1,240; see docs/algorithms.md). Ranks
     /// bound to a core each (`--bind-to core`) have a core apiece: there the single copy wins
     /// (2 bound ranks, 1 MiB alltoall 72-81 us against 150 by the ring, 4 MiB allreduce 690-707
     /// against 860-920).
     pub fn single_copy(&self, rank: u32, payload: &[u8], flow: Flow) -> bool {
         self.cma(rank)
-            && (flow == Flow::Exchange
+            && (flow == Flow::Stored
                 || !self.wait.shares_cores()
                 || crate::mem::find(payload.as_ptr() as usize, payload.len()).is_some())
     }
