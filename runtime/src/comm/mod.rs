@@ -189,7 +189,8 @@ impl CommInner {
     }
 
     fn check(&self, departures: bool) -> Result<()> {
-        // The common case costs two loads: nothing failed, left or was revoked anywhere.
+        // The common case costs three loads: nothing failed, left or was revoked anywhere, and
+        // no operation of this rank met a failure.
         let calm = self.net.inbox.health_changes() == 0 && !self.aborted.load(Ordering::Relaxed);
         if calm && self.failed_here().is_none() {
             return Ok(());

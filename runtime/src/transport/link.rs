@@ -35,8 +35,7 @@ pub(crate) trait Link: Send + Sync {
     /// departure, not a failure.
     fn close(&self, goodbye: Option<&[u8]>);
     /// After a close with a goodbye: reads what the peer still sends until it closes its side
-    /// too, or until `until`. Closing a socket with unread bytes resets the connection, and the
-    /// reset may discard the goodbye before it left this host: the peer would see a crash.
+    /// too, or until `until` (see tcp's `linger`).
     fn linger(&self, _until: std::time::Instant) {}
     /// Sends a control frame (suspicions, an eviction) unless that would wait for another
     /// thread's frame or a full socket; false when not sent (try again later).

@@ -1,12 +1,11 @@
 //! A world of processes as this rank reaches it: one link per peer, shared memory to the peers
 //! on this host, the inbox, and the watchdog.
 
-use super::channel::Flow;
 use crate::sync::RwLocked;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::channel::{Channel, Progress, SelfChannel, Status};
+use super::channel::{Channel, Flow, Progress, SelfChannel, Status};
 use super::ondemand::{Connector, OnDemand};
 use super::{heartbeat, news, pulse, shm, shm_board, tcp, Fault, Inbox, Key, Link, Sink};
 use crate::error::{Error, Result};

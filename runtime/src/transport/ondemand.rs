@@ -22,7 +22,7 @@ use super::Net;
 use super::{pulse, shm, tcp, Inbox};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::sync::Locked;
+use crate::sync::{Locked, Waits};
 
 /// The error for world rank `peer`, which news says was lost for `reason`.
 fn lost(peer: u32, reason: &str) -> Error {
@@ -31,20 +31,6 @@ fn lost(peer: u32, reason: &str) -> Error {
 
 /// How long a world that ends waits for the dials under way (see [`OnDemand::close`]).
 const CLOSING_DIALS: Duration = Duration::from_millis(300);
-
-/// Says goodbye on a connection the peer kept and this rank will not, and reads until the peer
-/// closes its side (briefly): closing with its first frames unread would reset the connection,
-/// and a reset can overtake the goodbye.
-fn leave(sock: &TcpStream, news: &[u8]) {
-    use std::io::Read;
-    tcp::say_goodbye(sock, news);
-    let _ = sock.shutdown(std::net::Shutdown::Write);
-    let _ = sock.set_read_timeout(Some(Duration::from_millis(20)));
-    let until = Instant::now() + Duration::from_millis(100);
-    let mut sink = [0u8; 4096];
-    let mut reader = sock;
-    while Instant::now() < until && reader.read(&mut sink).is_ok_and(|n| n > 0) {}
-}
 
 /// What a dial found.
 pub(crate) enum Dialed {
@@ -141,8 +127,7 @@ impl OnDemand {
         // than this process's exit.
         let until = Instant::now() + CLOSING_DIALS;
         while !dialing.is_empty() && Instant::now() < until {
-            dialing =
-                self.settled.wait_timeout(dialing, Duration::from_millis(5)).map_or_else(|p| p.into_inner().0, |g| g.0);
+            dialing = self.settled.wait_locked_for(dialing, Duration::from_millis(5));
         }
     }
 
@@ -310,7 +295,7 @@ impl OnDemand {
             // The peer kept this connection (this rank dialed): without the goodbye, its end
             // would look like a crash to the peer.
             if let Some(news) = goodbye {
-                leave(&sock, news);
+                tcp::leave(&sock, news, Duration::from_millis(100));
             }
             return Err(Error::new(
                 crate::error::ErrorKind::Aborted,

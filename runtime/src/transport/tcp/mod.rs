@@ -82,20 +82,7 @@ impl Link for TcpLink {
     }
 
     fn linger(&self, until: Instant) {
-        let mut sink = [0u8; 4096];
-        loop {
-            let left = until.saturating_duration_since(Instant::now());
-            let mut p = libc::pollfd { fd: self.conn.fd, events: libc::POLLIN, revents: 0 };
-            // SAFETY: one valid pollfd; `conn.sock` keeps the fd open.
-            if left.is_zero() || unsafe { libc::poll(&mut p, 1, left.as_millis().max(1) as i32) } <= 0 {
-                return;
-            }
-            // SAFETY: a writable buffer of its length; `conn.sock` keeps the fd open.
-            let n = unsafe { libc::recv(self.conn.fd, sink.as_mut_ptr().cast(), sink.len(), libc::MSG_DONTWAIT) };
-            if n == 0 || (n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock) {
-                return;
-            }
-        }
+        linger(&self.conn.sock, until);
     }
 
     fn control(&self, hdr: &FrameHeader, payload: &[u8]) -> bool {
@@ -308,9 +295,37 @@ const GOODBYE: FrameHeader = FrameHeader {
 
 /// Tells the peer on `sock` that this rank leaves on purpose, knowing of `news` (best effort:
 /// a peer that cannot hear it sees the connection end).
-pub(crate) fn say_goodbye(sock: &TcpStream, news: &[u8]) {
+fn say_goodbye(sock: &TcpStream, news: &[u8]) {
     let hdr = FrameHeader { len: news.len() as u64, ..GOODBYE };
     let _ = send_all(sock, &hdr.encode(), news);
+}
+
+/// After a goodbye and a half close: reads what the peer still sends until it closes its side
+/// too, or until `until`. Closing a socket with unread bytes resets the connection, and the
+/// reset may discard the goodbye before it left this host: the peer would see a crash.
+fn linger(sock: &TcpStream, until: Instant) {
+    let mut sink = [0u8; 4096];
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        let mut p = libc::pollfd { fd: sock.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd; `sock` keeps the fd open.
+        if left.is_zero() || unsafe { libc::poll(&mut p, 1, left.as_millis().max(1) as i32) } <= 0 {
+            return;
+        }
+        // SAFETY: a writable buffer of its length; `sock` keeps the fd open.
+        let n = unsafe { libc::recv(sock.as_raw_fd(), sink.as_mut_ptr().cast(), sink.len(), libc::MSG_DONTWAIT) };
+        if n == 0 || (n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock) {
+            return;
+        }
+    }
+}
+
+/// Leaves on a connection this rank will not keep though the peer may have: a goodbye, then
+/// [`linger`] for at most `within`.
+pub(crate) fn leave(sock: &TcpStream, news: &[u8], within: Duration) {
+    say_goodbye(sock, news);
+    let _ = sock.shutdown(std::net::Shutdown::Write);
+    linger(sock, Instant::now() + within);
 }
 
 /// What a broken connection says of the peer: an end without a goodbye, or a reset, is its
