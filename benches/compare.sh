@@ -8,7 +8,8 @@
 #    allreduce uses it), the cross-process read rate and the post-and-wait round of n processes
 #    (hccn-limits) as the limits, and a 4-byte allreduce of 4 ranks bound to cores (hccnrun and
 #    mpirun --bind-to core); prints one table per rank count with hccn/peer ratios. 3 to 5 min.
-# 2. Every collective (allreduce, allgather, reduce_scatter, broadcast, alltoall, reduce):
+# 2. Every collective (allreduce, allgather, reduce_scatter, broadcast, alltoall, reduce,
+#    gather, scatter):
 #    one timing loop, benches/compare/colls.c, compiled for hccn's C ABI and for MPI, 64 B ..
 #    64 MiB by 4x, 2 and 4 ranks over shared memory (Open MPI btl self,vader) and 2 ranks over
 #    TCP (HCCN_TRANSPORT=tcp, btl self,tcp), the whole sweep twice; prints hccn/Open MPI
@@ -155,7 +156,7 @@ allreduce_step() {
 }
 
 # --- step 2: every collective beside Open MPI --------------------------------------------------
-colls_ops=(allreduce allgather reduce_scatter broadcast alltoall reduce)
+colls_ops=(allreduce allgather reduce_scatter broadcast alltoall reduce gather scatter)
 # One run of colls.c for library $1 (hccn or mpi) over transport $2 (shm or tcp) with $3 ranks and
 # collective $5, appended to colls-$1-$2-np$3-sweep$4.txt; a run that fails is logged and its
 # cells show as missing.

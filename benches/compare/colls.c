@@ -9,6 +9,8 @@
  *   alltoall                       S = each rank's send buffer (n blocks of S/n; receives S)
  *   allgather                      S = each rank's contribution (receives n*S)
  *   reduce_scatter                 S = each rank's whole input (receives S/n)
+ *   gather                         S = each rank's contribution (the root receives n*S)
+ *   scatter                        S = the root's send buffer (n blocks of S/n)
  * The program starts with 0.3 s of 8-byte allreduces. Per cell: one untimed call, then warm-up batches of 1, 2, 4, ... calls until a batch lasts a
  * quarter of --rep-seconds; from the fastest batch the calls per repetition (about
  * --rep-seconds, at least 1); then --reps repetitions, each a barrier, the calls, and the slowest rank's mean
@@ -33,9 +35,9 @@
 #define LIB_NAME "hccn"
 #endif
 
-enum op { ALLREDUCE, ALLGATHER, REDUCE_SCATTER, BROADCAST, ALLTOALL, REDUCE, NOPS };
-static const char *const OP_NAMES[NOPS] = {"allreduce", "allgather", "reduce_scatter",
-                                           "broadcast", "alltoall",  "reduce"};
+enum op { ALLREDUCE, ALLGATHER, REDUCE_SCATTER, BROADCAST, ALLTOALL, REDUCE, GATHER, SCATTER, NOPS };
+static const char *const OP_NAMES[NOPS] = {"allreduce", "allgather", "reduce_scatter", "broadcast",
+                                           "alltoall",  "reduce",    "gather",         "scatter"};
 
 static int rank, nranks;
 static float *sendbuf, *recvbuf;
@@ -68,6 +70,8 @@ static void run(enum op op, size_t count) {
   case BROADCAST: MPI_Bcast(recvbuf, c, MPI_FLOAT, 0, w); break;
   case ALLTOALL: MPI_Alltoall(sendbuf, block, MPI_FLOAT, recvbuf, block, MPI_FLOAT, w); break;
   case REDUCE: MPI_Reduce(sendbuf, recvbuf, c, MPI_FLOAT, MPI_SUM, 0, w); break;
+  case GATHER: MPI_Gather(sendbuf, c, MPI_FLOAT, recvbuf, c, MPI_FLOAT, 0, w); break;
+  case SCATTER: MPI_Scatter(sendbuf, block, MPI_FLOAT, recvbuf, block, MPI_FLOAT, 0, w); break;
   default: break;
   }
 }
@@ -120,6 +124,12 @@ static void run(enum op op, size_t count) {
   case REDUCE:
     check(hccn_reduce(sendbuf, recvbuf, c, HCCN_FP32, HCCN_SUM, 0, comm, NULL), "hccn_reduce", bytes);
     break;
+  case GATHER:
+    check(hccn_gather(sendbuf, recvbuf, c, HCCN_FP32, 0, comm, NULL), "hccn_gather", bytes);
+    break;
+  case SCATTER:
+    check(hccn_scatter(sendbuf, recvbuf, block, HCCN_FP32, 0, comm, NULL), "hccn_scatter", bytes);
+    break;
   default: break;
   }
 }
@@ -146,6 +156,8 @@ static size_t output_len(enum op op, size_t count) {
   case ALLGATHER: return count * (size_t)nranks;
   case REDUCE_SCATTER: return count / (size_t)nranks;
   case REDUCE: return rank == 0 ? count : 0;
+  case GATHER: return rank == 0 ? count * (size_t)nranks : 0;
+  case SCATTER: return count / (size_t)nranks;
   default: return count;
   }
 }
@@ -155,7 +167,9 @@ static float expected(enum op op, size_t count, size_t i) {
   switch (op) {
   case ALLREDUCE:
   case REDUCE: return summed(i);
-  case ALLGATHER: return input((int)(i / count), i % count);
+  case ALLGATHER:
+  case GATHER: return input((int)(i / count), i % count);
+  case SCATTER: return input(0, me * block + i);
   case REDUCE_SCATTER: return summed(me * block + i);
   case BROADCAST: return input(0, i);
   case ALLTOALL: return input((int)(i / block), me * block + i % block);
@@ -270,7 +284,7 @@ int main(int argc, char **argv) {
       rep_seconds <= 0)
     usage_error("need min a multiple of 4 * ranks, max >= min, factor >= 2, 1 <= reps <= 32, "
                 "rep-seconds > 0");
-  /* allgather receives n*max; every other output fits in max. */
+  /* allgather and gather receive n*max; every other output fits in max. */
   sendbuf = malloc(max);
   recvbuf = malloc(max * (size_t)nranks);
   if (!sendbuf || !recvbuf) {

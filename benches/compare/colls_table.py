@@ -18,7 +18,7 @@ import sys
 
 BEGIN = "<!-- compare:colls begin -->"
 END = "<!-- compare:colls end -->"
-OPS = ["allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "reduce"]
+OPS = ["allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "reduce", "gather", "scatter"]
 LOSE, LOSE_CLEARLY = 1.0, 1.10
 # A cell is unsteady when the ratio of one sweep and the other's differ by more than this factor.
 UNSTEADY = 1.15
@@ -167,7 +167,8 @@ def section(runs, d, command):
            "places ranks by default: a core each for 2 ranks (`hccnrun --bind-to core`), unbound for 4. "
            "fp32, sum, root 0, heap buffers. S (the column) is each rank's send buffer for allreduce, "
            "broadcast, reduce and alltoall (n blocks of S/n), each rank's contribution for allgather "
-           "(it receives n·S) and each rank's whole input for reduce_scatter (it receives S/n). "
+           "and gather (the root receives n·S), each rank's whole input for reduce_scatter (it receives S/n) "
+           "and the root's send buffer for scatter (n blocks of S/n). "
            f"Per cell: warm-up, then {reps} (calls scaled by size), each after a barrier, timing "
            "the slowest rank's mean per call; then one call checked element by element. "
            f"A cell is the median of all {len(sweeps)}×{reps.split()[0]} repetitions of "

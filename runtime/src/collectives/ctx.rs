@@ -413,15 +413,20 @@ impl<'a> Ctx<'a> {
         self.chunks(data.len()).try_for_each(|r| self.send(to, tag, &data[r]))
     }
 
-    /// [`Ctx::send_chunked`] whose large chunks a same-host peer reads straight from `data` (one
-    /// copy, see [`Ctx::send_start`]): returns once the peer has read them all, so only for a
-    /// peer that is receiving them meanwhile, never for one that first sends to us.
-    pub fn send_chunked_read_by_peer(&self, to: u32, tag: u32, data: &[u8]) -> Result<()> {
-        let mut sends = Sends::default();
-        for r in self.chunks(data.len()) {
-            self.send_start(&mut sends, (to, tag), Cow::Borrowed(&data[r]), Flow::Combined)?;
-        }
-        self.wait_sends(&mut sends)
+    /// Starts sending `data` to `to` in pipeline chunks (see [`Ctx::send_start`]) to a peer that
+    /// is receiving them meanwhile, never first sending to us: the sends complete only once it
+    /// has read them.
+    pub fn send_chunked_start<'d>(
+        &self,
+        sends: &mut Sends<'d>,
+        (to, tag): (u32, u32),
+        data: &'d [u8],
+        flow: Flow,
+    ) -> Result<()>
+    where
+        'a: 'd,
+    {
+        self.chunks(data.len()).try_for_each(|r| self.send_start(sends, (to, tag), Cow::Borrowed(&data[r]), flow))
     }
 
     pub fn recv_chunked_into(&self, from: u32, tag: u32, dst: &mut [u8]) -> Result<()> {

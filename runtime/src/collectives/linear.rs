@@ -2,9 +2,16 @@
 //! Bytes on the wire: the root moves (n-1) blocks, every other rank one. On one host the
 //! receiver reads large blocks straight from the sender's buffer (one copy, not two through a
 //! ring): the sender of each block waits until it is read, and the receiver is reading it.
+//! The root of a scatter offers every block before it waits, so that its receivers read at
+//! once, also where ranks share cores (they only store). The root of a gather reads every block
+//! itself, one sender after another: there the senders' copies into the rings, running beside
+//! its own, win where ranks share cores (`Flow::Combined`; 4 ranks on 2 cores, 16 MiB each:
+//! 11–12 ms against 16–17 ms by single copy).
 
+use super::ctx::Sends;
 use super::{Algorithm, Ctx, GatherArgs, ScatterArgs};
 use crate::error::Result;
+use crate::transport::Flow;
 
 pub(crate) struct Linear;
 
@@ -16,7 +23,9 @@ impl Algorithm for Linear {
     fn gather(&self, ctx: &Ctx<'_>, w: &mut GatherArgs<'_>) -> Result<()> {
         let root = w.root.unwrap_or(0);
         if ctx.rank() != root {
-            return ctx.send_chunked_read_by_peer(root, 0, w.own);
+            let mut sends = Sends::default();
+            ctx.send_chunked_start(&mut sends, (root, 0), w.own, Flow::Combined)?;
+            return ctx.wait_sends(&mut sends);
         }
         for p in (0..ctx.size()).filter(|&p| p != root) {
             ctx.recv_chunked_into(p, 0, &mut w.recv[w.blocks[p as usize].clone()])?;
@@ -28,10 +37,11 @@ impl Algorithm for Linear {
         if ctx.rank() != w.root {
             return ctx.recv_chunked_into(w.root, 0, w.recv);
         }
+        let mut sends = Sends::default();
         for p in (0..ctx.size()).filter(|&p| p != w.root) {
-            ctx.send_chunked_read_by_peer(p, 0, &w.send[w.blocks[p as usize].clone()])?;
+            ctx.send_chunked_start(&mut sends, (p, 0), &w.send[w.blocks[p as usize].clone()], Flow::Stored)?;
         }
         w.recv.copy_from_slice(&w.send[w.blocks[w.root as usize].clone()]);
-        Ok(())
+        ctx.wait_sends(&mut sends)
     }
 }
