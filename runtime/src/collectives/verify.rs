@@ -9,8 +9,9 @@
 //! for data nobody sends. It also keeps the senders of a rooted loop from running ahead of
 //! its receivers by more than one call.
 //!
-//! Between two ranks, a broadcast or rooted reduce needs no round of its own: the data is one
-//! half of it ([`When::Crossing`]). The rank that receives the data sends its frame first and
+//! Between two ranks, a broadcast, a rooted reduce, and a gather or scatter of blocks below the
+//! single-copy size need no round of their own: the data is one half of it ([`When::Crossing`]).
+//! The rank that receives the data sends its frame first and
 //! then checks the data frames, which carry the sender's fingerprint; the rank that sends the
 //! data checks the receiver's frame after its sends, which never wait for the receiver (plain
 //! sends: a ring or a socket takes them whatever the other side does). Every mismatch still
@@ -26,6 +27,7 @@
 
 use super::{fingerprint, Ctx, Work};
 use crate::error::Result;
+use crate::transport::shm::CMA_MIN;
 use crate::wire::Fingerprint;
 
 /// Tags of the verification frames, far from the algorithms' own.
@@ -55,10 +57,20 @@ pub(crate) fn needed(work: &Work, turn: Option<u64>, fp: &Fingerprint, n: u32, m
         return When::Never;
     }
     match work {
-        // The binomial tree's plain sends; gather and scatter wait for their peers to read
-        // (two ranks that both took themselves for the root would wait for each other).
+        // The binomial tree's plain sends; gather and scatter's large blocks wait for their
+        // peers to read (two ranks that both took themselves for the root would wait for each
+        // other).
         Work::Broadcast { root, .. } if n == 2 => When::Crossing { sends_data: *root == me },
         Work::Reduce { root: Some(root), .. } if n == 2 => When::Crossing { sends_data: *root != me },
+        // Blocks below the single-copy size go by plain sends too (each rank judges by its own
+        // block; ranks whose blocks differ have different fingerprints and meet a frame that
+        // shows it whichever way each opens).
+        Work::Gather { root: Some(root), send_bytes, .. } if n == 2 && *send_bytes < CMA_MIN => {
+            When::Crossing { sends_data: *root != me }
+        }
+        Work::Scatter { root, recv_bytes, .. } if n == 2 && *recv_bytes < CMA_MIN => {
+            When::Crossing { sends_data: *root == me }
+        }
         Work::Reduce { root: Some(_), .. }
         | Work::Broadcast { .. }
         | Work::Gather { root: Some(_), .. }

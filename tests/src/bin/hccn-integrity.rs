@@ -225,6 +225,37 @@ fn cases() -> Vec<Case> {
             dt: DataType::Fp32,
             root: if last(r, n) { 1 } else { 0 }
         }),
+        // Two ranks check gather and scatter of small blocks with one frame crossing the data
+        // (verify.rs): each takes the other for the root of its gather (both only send) ...
+        case!("gather-root-messages", |r, n, b| Op::Gather {
+            send: b.send(),
+            recv: b.recv(),
+            send_count: LARGE,
+            dt: DataType::Fp32,
+            root: if last(r, n) { 0 } else { 1 }
+        }),
+        // ... or itself for the root of its scatter (both only send) ...
+        case!("scatter-root-messages", |r, n, b| Op::Scatter {
+            send: b.send(),
+            recv: b.recv(),
+            recv_count: LARGE,
+            dt: DataType::Fp32,
+            root: if last(r, n) { 1 } else { 0 }
+        }),
+        // ... or one gathers to rank 0 what rank 0 scatters (both only receive) ...
+        case!("gather-against-scatter", |r, n, b| if last(r, n) {
+            Op::Scatter { send: b.send(), recv: b.recv(), recv_count: LARGE, dt: DataType::Fp32, root: 0 }
+        } else {
+            Op::Gather { send: b.send(), recv: b.recv(), send_count: LARGE, dt: DataType::Fp32, root: 0 }
+        }),
+        // ... or one block is small enough for the crossing and the other is not.
+        case!("gather-count-crossing-against-barrier", |r, n, b| Op::Gather {
+            send: b.send(),
+            recv: b.recv(),
+            send_count: if last(r, n) { 20_000 } else { LARGE },
+            dt: DataType::Fp32,
+            root: 0
+        }),
         case!("alltoall-count", |r, n, b| Op::AllToAll {
             send: b.send(),
             recv: b.recv(),
