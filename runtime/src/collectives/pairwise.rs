@@ -22,13 +22,15 @@ impl Algorithm for Pairwise {
         let (n, r) = (ctx.size(), ctx.rank());
         let own_in = w.send_blocks[r as usize].clone();
         w.recv[w.recv_blocks[r as usize].clone()].copy_from_slice(&w.send[own_in]);
+        // Sends are waited for once, at the end: a step then ends when its receives do, and a
+        // rank whose partner of the step reads late goes on to its next partner meanwhile.
+        let mut sends = Sends::default();
         for s in 1..n {
             let to = (r + s) % n;
             let from = (r + n - s) % n;
             let out = w.send_blocks[to as usize].clone();
             let in_ = w.recv_blocks[from as usize].clone();
             let (k_out, k_in) = (ctx.nchunks(out.len()), ctx.nchunks(in_.len()));
-            let mut sends = Sends::default();
             for c in 0..k_out.max(k_in) {
                 if c < k_out {
                     let cr = ctx.chunk_range(out.len(), c);
@@ -40,8 +42,7 @@ impl Algorithm for Pairwise {
                     ctx.recv_into(from, s, &mut w.recv[in_.start + cr.start..in_.start + cr.end])?;
                 }
             }
-            ctx.wait_sends(&mut sends)?;
         }
-        Ok(())
+        ctx.wait_sends(&mut sends)
     }
 }
