@@ -51,16 +51,27 @@ fn sigkill_amid_small_board_allreduces_fails_survivors_within_two_seconds() {
 
 #[test]
 fn sigkill_amid_small_collectives_of_every_kind_fails_survivors_within_two_seconds() {
-    // Broadcast, reduce, allgather, reduce-scatter, alltoall and barrier take the board too.
+    // Broadcast, reduce, allgather, reduce-scatter, alltoall, gather, scatter and barrier take
+    // the board too.
     for n in [2u32, 3, 4] {
         sigkill_mid(n, "kill-small-every-kind", &[]);
     }
 }
 
 #[test]
+fn sigkill_amid_mid_sized_collectives_of_every_kind_fails_survivors_within_two_seconds() {
+    // Blocks of 16 KiB: past the board, below single copy; two ranks' rooted calls (broadcast,
+    // reduce, gather, scatter) cross their verification frame with the data (verify.rs).
+    for n in [2u32, 3] {
+        sigkill_mid(n, "kill-mid-every-kind", &[]);
+    }
+}
+
+#[test]
 fn sigkill_amid_large_collectives_of_every_kind_fails_survivors_within_two_seconds() {
-    // Blocks of 256 KiB: alltoall's go by descriptor (read in place) even where the ranks share
-    // cores, the rings' chunks through the rings; a reader of a dead sender's memory must fail.
+    // Blocks of 256 KiB: alltoall's and scatter's go by descriptor (read in place) even where
+    // the ranks share cores, the rings' chunks through the rings; a reader of a dead sender's
+    // memory, and a sender waiting for a dead reader, must fail.
     for n in [3u32, 4] {
         sigkill_mid(n, "kill-large-every-kind", &[]);
     }

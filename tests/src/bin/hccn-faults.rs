@@ -1,9 +1,10 @@
 //! Fault scenarios for one rank of a job started by hccnrun, through the C ABI. Lines starting
 //! with an upper-case word are read by tests/tests/faults.rs.
 //!
-//! - `kill` (`kill-small`, `kill-small-every-kind`, `kill-large-every-kind`): the last rank SIGKILLs itself in the middle
-//!   of a large allreduce (a run of 64-byte ones, or of small collectives of every kind, which
-//!   take the shared-memory board); survivors must get
+//! - `kill` (`kill-small`, `kill-small-every-kind`, `kill-mid-every-kind`, `kill-large-every-kind`): the last rank SIGKILLs
+//!   itself in the middle of a run of 64-byte allreduces, or of collectives of every kind (64-byte
+//!   ones take the shared-memory board, 16 KiB blocks the messages with two-rank rooted calls
+//!   crossing their data, 256 KiB blocks single-copy reads); survivors must get
 //!   HCCN_ERROR_RANK_FAILED naming it, and every later call must fail at once.
 //! - `intruder`: while the job runs verified allreduces, rank 0 starts a process with the wrong
 //!   job token, which must be refused with HCCN_ERROR_AUTH.
@@ -48,13 +49,15 @@ fn small_collective(c: &CComm, i: usize, elems: usize, send: &[f32], recv: &mut 
     let null = std::ptr::null_mut();
     // SAFETY: both buffers hold n blocks of `elems` floats and outlive each blocking call.
     check(unsafe {
-        match i % 7 {
+        match i % 9 {
             0 => hccn_allreduce(s, r, k, FP32, SUM, c.comm, null),
             1 => hccn_broadcast(r, k, FP32, 0, c.comm, null),
             2 => hccn_reduce(s, r, k, FP32, SUM, 0, c.comm, null),
             3 => hccn_allgather(s, r, k, FP32, c.comm, null),
             4 => hccn_reduce_scatter(s, r, k, FP32, SUM, c.comm, null),
             5 => hccn_alltoall(s, r, k, FP32, c.comm, null),
+            6 => hccn_gather(s, r, k, FP32, 0, c.comm, null),
+            7 => hccn_scatter(s, r, k, FP32, 0, c.comm, null),
             _ => hccn_barrier(c.comm, null),
         }
     })
@@ -632,6 +635,7 @@ fn main() -> ExitCode {
         "kill" => kill(&comm, 16 << 20, false),
         "kill-small" => kill(&comm, 16, false),
         "kill-small-every-kind" => kill(&comm, 16, true),
+        "kill-mid-every-kind" => kill(&comm, 4 << 10, true),
         "kill-large-every-kind" => kill(&comm, 64 << 10, true),
         "intruder" => intruder(&comm),
         "deadline" => deadline(&comm),
