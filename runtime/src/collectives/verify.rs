@@ -11,14 +11,14 @@
 //!
 //! Between two ranks, a broadcast, a rooted reduce, and a gather or scatter of blocks below the
 //! single-copy size need no round of their own: the data is one half of it ([`When::Crossing`]).
-//! The rank that receives the data sends its frame first and
-//! then checks the data frames, which carry the sender's fingerprint; the rank that sends the
-//! data checks the receiver's frame after its sends, which never wait for the receiver (plain
-//! sends: a ring or a socket takes them whatever the other side does). Every mismatch still
-//! meets a frame that shows it: two ranks that both send (each takes itself for the root, or
-//! one reduces where the other broadcasts) each read the other's data where they expect its
-//! frame; two that both receive each read the other's frame where they expect data. A sender
-//! still runs at most one call ahead: it ends a call on the receiver's frame of that call.
+//! The rank that receives the data sends its frame first and then checks the data frames, which
+//! carry the sender's fingerprint; the rank that sends the data checks the receiver's frame
+//! after its sends, which never wait for the receiver (plain sends: a ring or a socket takes
+//! them whatever the other side does). Every mismatch still meets a frame that shows it: two
+//! ranks that both send (each takes itself for the root, or one reduces where the other
+//! broadcasts) each read the other's data where they expect its frame; two that both receive
+//! each read the other's frame where they expect data. A sender still runs at most one call
+//! ahead: it ends a call on the receiver's frame of that call.
 //!
 //! Collectives in which every rank's result depends on every rank's input (allreduce, allgather,
 //! reduce-scatter, alltoall, barrier) need none: such a result is reached only through a chain
