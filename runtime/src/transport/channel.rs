@@ -30,8 +30,9 @@ pub(crate) enum Flow {
     /// doubling): on crowded cores two copies through the ring's cached slots beat a read in
     /// place, whose reader reduces while the sender waits.
     Combined,
-    /// Only stores it (allgather, gather, alltoall, allreduce's second half): one copy wins on
-    /// crowded cores too.
+    /// Only stores it (allgather, scatter, alltoall, allreduce's second half): one copy wins on
+    /// crowded cores too. (A gather's root stores too, but reads every block itself: its senders'
+    /// ring copies beside its own win there, see linear.rs.)
     Stored,
 }
 

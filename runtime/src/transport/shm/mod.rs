@@ -291,10 +291,9 @@ impl Shm {
     /// ring's cached slots (measured when every frame went that way, 4 ranks on 2 cores: the
     /// ring allreduce 1.6-2x slower from 1 to 64 MiB); a frame only stored does anyway (4 ranks
     /// on 2 cores: alltoall of 256 KiB 47-56 us against 72, 1 MiB 240-300 against 375; allgather
-    /// of 1 MiB 750-865 against 1,120-1,240; see docs/algorithms.md). Ranks
-    /// bound to a core each (`--bind-to core`) have a core apiece: there the single copy wins
-    /// (2 bound ranks, 1 MiB alltoall 72-81 us against 150 by the ring, 4 MiB allreduce 690-707
-    /// against 860-920).
+    /// of 1 MiB 750-865 against 1,120-1,240; see docs/algorithms.md). Ranks bound to a core
+    /// each (`--bind-to core`) have a core apiece: there the single copy wins (2 bound ranks,
+    /// 1 MiB alltoall 72-81 us against 150 by the ring, 4 MiB allreduce 690-707 against 860-920).
     pub fn single_copy(&self, rank: u32, payload: &[u8], flow: Flow) -> bool {
         self.cma(rank)
             && (flow == Flow::Stored
