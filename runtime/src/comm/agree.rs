@@ -22,7 +22,7 @@
 
 use crate::sync::Locked;
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::view::{self, Knowledge};
 use super::CommInner;
@@ -495,9 +495,7 @@ pub(crate) fn agree(c: &CommInner) -> Result<Vec<u32>> {
         if now >= deadline {
             return Err(Error::timeout(format!("shrink: no agreement within {} ms", c.timeout.as_millis())));
         }
-        let Some((src_world, frame)) =
-            c.net.inbox.take_any(FrameKind::Agree, c.id, instance, planned_with, deadline - now)
-        else {
+        let Some((src_world, frame)) = next_message(c, instance, planned_with, deadline) else {
             continue;
         };
         let Some(src) = c.members.iter().position(|&w| w == src_world).map(|r| r as u32) else {
@@ -510,6 +508,29 @@ pub(crate) fn agree(c: &CommInner) -> Result<Vec<u32>> {
                 send_all(c, instance, a.receive(src, msg));
             }
             None => tracing::warn!(src, "shrink: ignored a malformed agreement message"),
+        }
+    }
+}
+
+/// How long the agreement waits for a message between two turns of the progress hook.
+const SLICE: Duration = Duration::from_millis(2);
+
+/// The next agreement message of `instance`, or None once the failures known differ from
+/// `planned_with` or the deadline passes. Meanwhile this rank's shared-memory rings keep moving:
+/// a peer still inside the operation this rank gave up may be blocked writing to it (a full
+/// ring), and would otherwise reach the agreement only at its deadline.
+fn next_message(
+    c: &CommInner,
+    instance: u64,
+    planned_with: usize,
+    deadline: Instant,
+) -> Option<(u32, crate::transport::Frame)> {
+    loop {
+        c.net.keep_moving();
+        let left = deadline.saturating_duration_since(Instant::now());
+        let got = c.net.inbox.take_any(FrameKind::Agree, c.id, instance, planned_with, left.min(SLICE));
+        if got.is_some() || left <= SLICE || c.net.inbox.gone_count() != planned_with {
+            return got;
         }
     }
 }
