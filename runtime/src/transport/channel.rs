@@ -31,9 +31,13 @@ pub(crate) enum Flow {
     /// place, whose reader reduces while the sender waits.
     Combined,
     /// Only stores it (allgather, scatter, alltoall, allreduce's second half): one copy wins on
-    /// crowded cores too. (A gather's root stores too, but reads every block itself: its senders'
-    /// ring copies beside its own win there, see linear.rs.)
+    /// crowded cores too.
     Stored,
+    /// Stored by a receiver that takes many blocks one after another beside its own copy (a
+    /// gather's root): from a size on, the sender's copy into the ring, made while the receiver
+    /// is busy, beats the receiver's read in place even where every rank has a core of its own
+    /// (see linear.rs).
+    Collected,
 }
 
 /// The data path to one peer.

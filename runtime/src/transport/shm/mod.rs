@@ -99,6 +99,11 @@ const CMA_PIECE: usize = 256 << 10;
 /// sender's pages) costs more than the copy through the ring saves. Below it a send never waits
 /// for its reader, which the two-rank gather and scatter rely on (collectives/verify.rs).
 pub(crate) const CMA_MIN: usize = 64 << 10;
+/// Smallest frame of a gather's sender that goes through the ring where ranks have a core each:
+/// its copy into the ring runs while the root copies its own block and reads the others, which
+/// a read in place leaves to the root alone (2 bound ranks: 512 KiB 63-70 us against 76-110 by
+/// the read in place, 16 MiB 3.0-3.9 ms against 5.2-6.8; 128 KiB 15 against 13).
+const COLLECTED_RING_MIN: usize = 512 << 10;
 
 /// A frame being moved into the inbox piece by piece.
 struct Partial {
@@ -294,11 +299,17 @@ impl Shm {
     /// of 1 MiB 750-865 against 1,120-1,240; see docs/algorithms.md). Ranks bound to a core
     /// each (`--bind-to core`) have a core apiece: there the single copy wins (2 bound ranks,
     /// 1 MiB alltoall 72-81 us against 150 by the ring, 4 MiB allreduce 690-707 against 860-920).
+    /// A frame collected beside other work (a gather's root) takes the ring from
+    /// [`COLLECTED_RING_MIN`] there too.
     pub fn single_copy(&self, rank: u32, payload: &[u8], flow: Flow) -> bool {
+        let in_place = || crate::mem::find(payload.as_ptr() as usize, payload.len()).is_some();
+        let own_core = !self.wait.shares_cores();
         self.cma(rank)
-            && (flow == Flow::Stored
-                || !self.wait.shares_cores()
-                || crate::mem::find(payload.as_ptr() as usize, payload.len()).is_some())
+            && match flow {
+                Flow::Stored => true,
+                Flow::Combined => own_core || in_place(),
+                Flow::Collected => (own_core && payload.len() < COLLECTED_RING_MIN) || in_place(),
+            }
     }
 }
 
