@@ -316,7 +316,7 @@ pub(crate) trait Algorithm: Sync {
     }
 }
 
-fn unsupported(algo: &str, op: &str) -> Error {
+pub(super) fn unsupported(algo: &str, op: &str) -> Error {
     Error::new(ErrorKind::Internal, format!("algorithm {algo} does not implement {op}"))
 }
 

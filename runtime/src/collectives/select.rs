@@ -20,6 +20,7 @@ use super::ring_compressed::CompressedRing;
 use super::tree::BinomialTree;
 use super::{Algorithm, Ctx, Ptr, Work};
 use crate::error::{Error, Result};
+use crate::transport::shm::CMA_MIN;
 use crate::tuning::{AlgoChoice, LinkCost, LinkCosts, TransportKind};
 use crate::types::{DataType, ReduceOp};
 
@@ -261,6 +262,10 @@ fn plan(work: &Work, m: &Model, forced: AlgoChoice) -> Result<Plan> {
             // From the largest block, which every rank knows: in an allgatherv the ranks' own
             // blocks differ, and sender and receiver must cut a block into the same chunks.
             let step = blocks.iter().map(|b| b.len()).max().unwrap_or(0);
+            // See pairwise.rs; measured up to 8 ranks, and it links every pair of them.
+            if m.shm_only && m.n <= 8 && step >= CMA_MIN && forced == AlgoChoice::Auto {
+                return Ok(fixed(&Pairwise));
+            }
             Ok(Plan { algo: &Ring, chunk: chunk_for(m, step as f64) })
         }
         Work::ReduceCompressed { .. } => Ok(fixed(&CompressedRing)),

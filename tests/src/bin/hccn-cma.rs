@@ -1,6 +1,7 @@
 //! Collectives whose chunks straddle and exceed the single-copy (CMA) threshold, printing a hash
 //! of every result's bits, so that a test can compare HCCN_CMA=off with auto bit for bit.
-//! Allgather, alltoall, gather and scatter results are also checked exactly. Usage: hccnrun -n N
+//! Allgather (also in place, and allgatherv), alltoall, gather and scatter results are also
+//! checked exactly. Usage: hccnrun -n N
 //! hccn-cma [--register]; with `--register` every buffer comes from `hccn_mem_alloc` (peers map
 //! it rather than read it with process_vm_readv). Prints `HASH op=.. count=.. bits=..` per
 //! operation and `WRONG n` at the end.
@@ -93,7 +94,52 @@ fn run(c: &CComm, count: usize, register: bool) -> Result<usize, (u32, String)> 
     println!("HASH op=allgather count={count} bits={:016x}", hash(&all));
     let b = block.max(1);
     let wrong = all.iter().enumerate().filter(|(i, v)| **v != value((i / b) as u32, i % b)).count();
-    Ok(wrong + gathering(c, block, &send, register)?)
+    Ok(wrong + allgathers(c, block, register)? + gathering(c, block, &send, register)?)
+}
+
+/// Allgather in place and allgatherv of uneven blocks placed in reverse rank order (on one
+/// host each rank reads every block from its owner); returns the wrong elements.
+fn allgathers(c: &CComm, block: usize, register: bool) -> Result<usize, (u32, String)> {
+    let (me, n) = (c.rank() as usize, c.size() as usize);
+    let s = std::ptr::null_mut();
+    let mut all = buffer(block * n, register)?;
+    all[me * block..(me + 1) * block].iter_mut().enumerate().for_each(|(j, x)| *x = value(me as u32, j));
+    let own = all[me * block..].as_ptr().cast::<c_void>();
+    // SAFETY: in place: the input is this rank's block of `all`, which holds n * block floats.
+    check(unsafe { hccn_allgather(own, all.as_mut_ptr().cast(), block as u64, FP32, c.comm, s) })?;
+    println!("HASH op=allgather_in_place count={block} bits={:016x}", hash(&all));
+    let b = block.max(1);
+    let mut wrong = all.iter().enumerate().filter(|(i, v)| **v != value((i / b) as u32, i % b)).count();
+    // Rank i's block: 13 i floats longer than `block`, the last rank's first in the output.
+    let counts: Vec<u64> = (0..n).map(|i| (block + 13 * i) as u64).collect();
+    let mut displs = vec![0u64; n];
+    let mut at = 0;
+    for i in (0..n).rev() {
+        displs[i] = at;
+        at += counts[i];
+    }
+    let mut mine = buffer(counts[me] as usize, register)?;
+    mine.iter_mut().enumerate().for_each(|(j, x)| *x = value(me as u32, j));
+    let mut allv = buffer(at as usize, register)?;
+    // SAFETY: `mine` holds counts[me] floats; allv holds the sum of counts, placed by displs.
+    check(unsafe {
+        hccn_allgatherv(
+            mine.as_ptr().cast(),
+            counts[me],
+            allv.as_mut_ptr().cast(),
+            counts.as_ptr(),
+            displs.as_ptr(),
+            FP32,
+            c.comm,
+            s,
+        )
+    })?;
+    println!("HASH op=allgatherv count={block} bits={:016x}", hash(&allv));
+    for i in 0..n {
+        let got = &allv[displs[i] as usize..(displs[i] + counts[i]) as usize];
+        wrong += got.iter().enumerate().filter(|(j, v)| **v != value(i as u32, *j)).count();
+    }
+    Ok(wrong)
 }
 
 /// Alltoall, gather to the last rank and scatter from rank 0 of `block` floats per rank, whose
