@@ -61,6 +61,8 @@ fn count(r: u32, n: u32, base: u64) -> u64 {
 
 const SMALL: u64 = 100;
 const LARGE: u64 = 3000;
+/// Fp32 elements of an allgather block of 80 KiB, above the single-copy size.
+const EXCHANGE: u64 = 20 * 1024;
 
 fn cases() -> Vec<Case> {
     macro_rules! case {
@@ -177,6 +179,20 @@ fn cases() -> Vec<Case> {
             send: b.send(),
             recv: b.recv(),
             send_count: count(r, n, SMALL),
+            dt: DataType::Fp32
+        }),
+        // One host: blocks from 64 KiB are read from their owners (pairwise), smaller ones go
+        // round the ring; the last rank's block alone is that large, then every rank's is.
+        case!("allgather-count-exchange-against-ring", |r, n, b| Op::AllGather {
+            send: b.send(),
+            recv: b.recv(),
+            send_count: count(r, n, EXCHANGE / 2),
+            dt: DataType::Fp32
+        }),
+        case!("allgather-count-exchange", |r, n, b| Op::AllGather {
+            send: b.send(),
+            recv: b.recv(),
+            send_count: count(r, n, EXCHANGE),
             dt: DataType::Fp32
         }),
         case!("allgather-dtype", |r, n, b| Op::AllGather {
