@@ -9,16 +9,18 @@
 //! for data nobody sends. It also keeps the senders of a rooted loop from running ahead of
 //! its receivers by more than one call.
 //!
-//! Between two ranks, a broadcast, a rooted reduce, and a gather or scatter of blocks below the
-//! single-copy size need no round of their own: the data is one half of it ([`When::Crossing`]).
-//! The rank that receives the data sends its frame first and then checks the data frames, which
-//! carry the sender's fingerprint; the rank that sends the data checks the receiver's frame
-//! after its sends, which never wait for the receiver (plain sends: a ring or a socket takes
-//! them whatever the other side does). Every mismatch still meets a frame that shows it: two
-//! ranks that both send (each takes itself for the root, or one reduces where the other
-//! broadcasts) each read the other's data where they expect its frame; two that both receive
-//! each read the other's frame where they expect data. A sender still runs at most one call
-//! ahead: it ends a call on the receiver's frame of that call.
+//! Between two ranks, a broadcast, a rooted reduce, a gather and a scatter need no round of
+//! their own: the data is one half of it ([`When::Crossing`]). The rank that receives the data
+//! sends its frame first and then checks the data frames, which carry the sender's fingerprint;
+//! the rank that sends the data checks the receiver's frame after its sends. Every mismatch
+//! still meets a frame that shows it: two ranks that both send (each takes itself for the root,
+//! or one reduces where the other broadcasts) each read the other's data where they expect its
+//! frame; two that both receive each read the other's frame where they expect data. A send that
+//! waits for its receiver (a gather's or scatter's block read in place, or a frame larger than
+//! the room in a ring) cannot wait for a rank that only sends: every wait of an operation
+//! watches for a frame of the same operation from another call (`Ctx::status`), and finds the
+//! other sender's data there. A sender still runs at most one call ahead: it ends a call on the
+//! receiver's frame of that call.
 //!
 //! Collectives in which every rank's result depends on every rank's input (allreduce, allgather,
 //! reduce-scatter, alltoall, barrier) need none: such a result is reached only through a chain
@@ -27,7 +29,6 @@
 
 use super::{fingerprint, Ctx, Work};
 use crate::error::Result;
-use crate::transport::shm::CMA_MIN;
 use crate::wire::Fingerprint;
 
 /// Tags of the verification frames, far from the algorithms' own.
@@ -39,7 +40,7 @@ pub(crate) enum When {
     Never,
     /// Before its data: the fingerprints tell everything that may differ.
     Before,
-    /// Two ranks, data one way by plain sends: the barrier's round crosses the data (see the
+    /// Two ranks, data one way: the barrier's round crosses the data (see the
     /// module comment); `sends_data` for the rank the data leaves.
     Crossing {
         sends_data: bool,
@@ -57,20 +58,12 @@ pub(crate) fn needed(work: &Work, turn: Option<u64>, fp: &Fingerprint, n: u32, m
         return When::Never;
     }
     match work {
-        // The binomial tree's plain sends; gather and scatter's large blocks wait for their
-        // peers to read (two ranks that both took themselves for the root would wait for each
-        // other).
+        // Ranks whose blocks differ have different fingerprints and meet a frame that shows
+        // it, whichever way each opens.
         Work::Broadcast { root, .. } if n == 2 => When::Crossing { sends_data: *root == me },
         Work::Reduce { root: Some(root), .. } if n == 2 => When::Crossing { sends_data: *root != me },
-        // Blocks below the single-copy size go by plain sends too (each rank judges by its own
-        // block; ranks whose blocks differ have different fingerprints and meet a frame that
-        // shows it whichever way each opens).
-        Work::Gather { root: Some(root), send_bytes, .. } if n == 2 && *send_bytes < CMA_MIN => {
-            When::Crossing { sends_data: *root != me }
-        }
-        Work::Scatter { root, recv_bytes, .. } if n == 2 && *recv_bytes < CMA_MIN => {
-            When::Crossing { sends_data: *root == me }
-        }
+        Work::Gather { root: Some(root), .. } if n == 2 => When::Crossing { sends_data: *root != me },
+        Work::Scatter { root, .. } if n == 2 => When::Crossing { sends_data: *root == me },
         Work::Reduce { root: Some(_), .. }
         | Work::Broadcast { .. }
         | Work::Gather { root: Some(_), .. }

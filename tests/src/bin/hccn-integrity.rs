@@ -63,6 +63,8 @@ const SMALL: u64 = 100;
 const LARGE: u64 = 3000;
 /// Fp32 elements of an allgather block of 80 KiB, above the single-copy size.
 const EXCHANGE: u64 = 20 * 1024;
+/// Fp32 elements of a gather block of 512 KiB, which its sender copies through the ring.
+const RING_GATHER: u64 = 128 * 1024;
 
 fn cases() -> Vec<Case> {
     macro_rules! case {
@@ -263,6 +265,41 @@ fn cases() -> Vec<Case> {
             Op::Scatter { send: b.send(), recv: b.recv(), recv_count: LARGE, dt: DataType::Fp32, root: 0 }
         } else {
             Op::Gather { send: b.send(), recv: b.recv(), send_count: LARGE, dt: DataType::Fp32, root: 0 }
+        }),
+        // The same with blocks read in place (from 64 KiB), and copied through the ring by
+        // the sender (a gather's from 512 KiB): a sender waits for its reader, and must hear
+        // first that there is none.
+        case!("gather-root-messages-single-copy", |r, n, b| Op::Gather {
+            send: b.send(),
+            recv: b.recv(),
+            send_count: EXCHANGE,
+            dt: DataType::Fp32,
+            root: if last(r, n) { 0 } else { 1 }
+        }),
+        case!("gather-root-messages-ring", |r, n, b| Op::Gather {
+            send: b.send(),
+            recv: b.recv(),
+            send_count: RING_GATHER,
+            dt: DataType::Fp32,
+            root: if last(r, n) { 0 } else { 1 }
+        }),
+        case!("scatter-root-messages-single-copy", |r, n, b| Op::Scatter {
+            send: b.send(),
+            recv: b.recv(),
+            recv_count: EXCHANGE,
+            dt: DataType::Fp32,
+            root: if last(r, n) { 1 } else { 0 }
+        }),
+        case!("gather-against-scatter-single-copy", |r, n, b| if last(r, n) {
+            Op::Scatter { send: b.send(), recv: b.recv(), recv_count: EXCHANGE, dt: DataType::Fp32, root: 0 }
+        } else {
+            Op::Gather { send: b.send(), recv: b.recv(), send_count: EXCHANGE, dt: DataType::Fp32, root: 0 }
+        }),
+        // ... and the last rank scatters from itself what the others gather to it (all send).
+        case!("scatter-against-gather-all-send", |r, n, b| if last(r, n) {
+            Op::Scatter { send: b.send(), recv: b.recv(), recv_count: EXCHANGE, dt: DataType::Fp32, root: n - 1 }
+        } else {
+            Op::Gather { send: b.send(), recv: b.recv(), send_count: EXCHANGE, dt: DataType::Fp32, root: n - 1 }
         }),
         // ... or one block is small enough for the crossing and the other is not.
         case!("gather-count-crossing-against-barrier", |r, n, b| Op::Gather {

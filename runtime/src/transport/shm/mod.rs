@@ -96,8 +96,7 @@ const CMA: u8 = 2;
 /// enough to stay in cache while the sink reduces it; a multiple of 16.
 const CMA_PIECE: usize = 256 << 10;
 /// Smallest payload sent by descriptor: below it, the setup of a cross-process read (pinning the
-/// sender's pages) costs more than the copy through the ring saves. Below it a send never waits
-/// for its reader, which the two-rank gather and scatter rely on (collectives/verify.rs).
+/// sender's pages) costs more than the copy through the ring saves.
 pub(crate) const CMA_MIN: usize = 64 << 10;
 /// Smallest frame of a gather's sender that goes through the ring where ranks have a core each:
 /// its copy into the ring runs while the root copies its own block and reads the others, which
