@@ -452,6 +452,13 @@ struct Pending<'d> {
     _data: Cow<'d, [u8]>,
 }
 
+impl Sends<'_> {
+    /// How many more started sends this holds without allocating.
+    pub fn room(&self) -> usize {
+        self.pending.inline_size().saturating_sub(self.pending.len())
+    }
+}
+
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
         if let Some(index) = self.index.take() {

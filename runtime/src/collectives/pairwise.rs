@@ -33,6 +33,8 @@ impl Algorithm for Pairwise {
         w.recv[w.recv_blocks[r as usize].clone()].copy_from_slice(&w.send[own_in]);
         // Sends are waited for once, at the end: a step then ends when its receives do, and a
         // rank whose partner of the step reads late goes on to its next partner meanwhile.
+        // (Earlier, where they would outgrow `Sends`' room: its steps' partners have read them
+        // by the time they reach this step, so that waits for nothing that waits for this.)
         let mut sends = Sends::default();
         for s in 1..n {
             let to = (r + s) % n;
@@ -40,6 +42,9 @@ impl Algorithm for Pairwise {
             let out = w.send_blocks[to as usize].clone();
             let in_ = w.recv_blocks[from as usize].clone();
             let (k_out, k_in) = (ctx.nchunks(out.len()), ctx.nchunks(in_.len()));
+            if sends.room() < k_out {
+                ctx.wait_sends(&mut sends)?;
+            }
             for c in 0..k_out.max(k_in) {
                 if c < k_out {
                     let cr = ctx.chunk_range(out.len(), c);
@@ -73,6 +78,9 @@ impl Algorithm for Pairwise {
             let (to, from) = ((r + s) % n, (r + n - s) % n);
             let dst = block_beside(&mut *below, &mut *above, &mine, w.blocks[from as usize].clone())?;
             let (k_out, k_in) = (ctx.nchunks(own.len()), ctx.nchunks(dst.len()));
+            if sends.room() < k_out {
+                ctx.wait_sends(&mut sends)?;
+            }
             for c in 0..k_out.max(k_in) {
                 if c < k_out {
                     let chunk = &own[ctx.chunk_range(own.len(), c)];
