@@ -584,6 +584,9 @@ fn leave(c: CComm, how: &str) -> ExitCode {
         return ExitCode::FAILURE;
     }
     if me == n - 1 {
+        // Not before the others are through the last allreduce too: a member that leaves amid
+        // an operation fails it for everyone still in it (seen once, on a loaded machine).
+        std::thread::sleep(Duration::from_millis(200));
         if how == "exit" {
             // exit() runs atexit hooks but no destructors: the communicator is never destroyed.
             std::process::exit(0);
@@ -591,7 +594,7 @@ fn leave(c: CComm, how: &str) -> ExitCode {
         drop(c);
         return ExitCode::SUCCESS;
     }
-    std::thread::sleep(Duration::from_millis(300));
+    std::thread::sleep(Duration::from_millis(600));
     let t = std::time::Instant::now();
     let send = vec![1.0f32; 1000];
     let mut recv = vec![0.0f32; 1000];
