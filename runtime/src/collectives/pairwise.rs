@@ -33,8 +33,9 @@ impl Algorithm for Pairwise {
         w.recv[w.recv_blocks[r as usize].clone()].copy_from_slice(&w.send[own_in]);
         // Sends are waited for once, at the end: a step then ends when its receives do, and a
         // rank whose partner of the step reads late goes on to its next partner meanwhile.
-        // (Earlier, where they would outgrow `Sends`' room: its steps' partners have read them
-        // by the time they reach this step, so that waits for nothing that waits for this.)
+        // Earlier only when a step's chunks would not fit in what `Sends` holds inline: the
+        // partner of an earlier step j reads this rank's block in its own step j, so such a
+        // wait depends on earlier steps alone and cannot close a cycle.
         let mut sends = Sends::default();
         for s in 1..n {
             let to = (r + s) % n;
@@ -73,6 +74,7 @@ impl Algorithm for Pairwise {
         let (own_copy, above) = rest.split_at_mut(mine.len());
         // Peers read the input when it is apart from the output (see `Work::Gather`'s run).
         let own: &[u8] = if w.own.len() == mine.len() && !w.own.is_empty() { w.own } else { own_copy };
+        // Sends waited for as in `all_to_all`.
         let mut sends = Sends::default();
         for s in 1..n {
             let (to, from) = ((r + s) % n, (r + n - s) % n);
