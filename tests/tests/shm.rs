@@ -23,6 +23,18 @@ fn links_are(out: &launch::Outcome, n: u32, transport: &str) {
     }
 }
 
+/// The `HASH` lines of an hccn-cma run whose operation starts with `op`, every rank's in turn,
+/// after checking that no rank found a wrong element.
+fn cma_hashes(out: &launch::Outcome, n: u32, op: &str, what: &str) -> Vec<String> {
+    let mut hashes = Vec::new();
+    for r in 0..n {
+        assert!(out.stdout.contains(&format!("[{r}] WRONG 0")), "{what}: {}", out.describe());
+        let prefix = format!("[{r}] HASH {op}");
+        hashes.extend(out.stdout.lines().filter(|l| l.starts_with(&prefix)).map(str::to_owned));
+    }
+    hashes
+}
+
 #[test]
 fn the_full_matrix_over_shared_memory_with_2_3_4_ranks() {
     let matrix = PathBuf::from(env!("CARGO_BIN_EXE_hccn-matrix"));
@@ -94,12 +106,7 @@ fn single_copy_reads_mapped_buffers_and_the_rings_give_identical_bits_with_2_3_4
             links_are(&out, n, &format!("\"shm\" cma={}", cma == "auto"));
             let mapped = format!("{}{}", out.stdout, out.stderr).contains("mapped a peer's shareable memory");
             assert_eq!(mapped, register, "{what}: peers map shareable buffers, and only those: {}", out.describe());
-            let mut hashes = Vec::new();
-            for r in 0..n {
-                assert!(out.stdout.contains(&format!("[{r}] WRONG 0")), "{what}: {}", out.describe());
-                let prefix = format!("[{r}] HASH ");
-                hashes.extend(out.stdout.lines().filter(|l| l.starts_with(&prefix)).map(str::to_owned));
-            }
+            let hashes = cma_hashes(&out, n, "", &what);
             assert_eq!(hashes.len(), 6 * 9 * n as usize, "{what}: {}", out.describe());
             results.push(hashes);
         }
@@ -124,12 +131,7 @@ fn allgather_blocks_read_from_their_owners_match_the_ring_bit_for_bit_with_3_4_5
             let args: &[&str] = if register { &["--register"] } else { &[] };
             let out = launch::hccnrun(n, &worker, args, &env, Duration::from_secs(240));
             assert_eq!(out.code, Some(0), "{what}: {}", out.describe());
-            let mut hashes = Vec::new();
-            for r in 0..n {
-                assert!(out.stdout.contains(&format!("[{r}] WRONG 0")), "{what}: {}", out.describe());
-                let prefix = format!("[{r}] HASH op=allgather");
-                hashes.extend(out.stdout.lines().filter(|l| l.starts_with(&prefix)).map(str::to_owned));
-            }
+            let hashes = cma_hashes(&out, n, "op=allgather", &what);
             assert_eq!(hashes.len(), 6 * 3 * n as usize, "{what}: {}", out.describe());
             results.push(hashes);
         }
