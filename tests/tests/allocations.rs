@@ -57,17 +57,18 @@ struct Buffers {
     /// n blocks of `big`: on one host read from their owners (allgather), copied through the
     /// ring by their senders (gather).
     gathered_big: Vec<f32>,
-    /// n blocks of [`WIDE`] in and out, for [`Buffers::wide_round`].
+    /// n blocks in and out, for [`Buffers::wide_round`].
     wide: (Vec<f32>, Vec<f32>),
     scattered: Vec<f32>,
     exchanged: Vec<f32>,
 }
 
 impl Buffers {
-    fn new(n: usize, wide: bool) -> Self {
+    /// With `wide` floats per block for [`Buffers::wide_round`] (0: none).
+    fn new(n: usize, wide: usize) -> Self {
         const BLOCK: usize = 1024;
         Buffers {
-            wide: if wide { (vec![1.0; n * WIDE], vec![0.0; n * WIDE]) } else { Default::default() },
+            wide: (vec![1.0; n * wide], vec![0.0; n * wide]),
             small: vec![1.0; 1],
             small_out: vec![0.0; 1],
             big: vec![1.0; 64 << 10],
@@ -143,19 +144,23 @@ impl Buffers {
     }
 }
 
-/// Floats of a block of [`Buffers::wide_round`]: 1 MiB, two pipeline chunks.
-const WIDE: usize = 256 << 10;
+/// The operations of [`Buffers::wide_round`].
+const OPS_PER_WIDE_ROUND: usize = 4;
 
 impl Buffers {
-    /// Allgather and alltoall of 1 MiB blocks, whose sends to every peer are read in place on
-    /// one host (more than `Sends` holds inline at 8 ranks), and an allreduce to keep step.
+    /// Allgather and alltoall of the wide blocks, whose sends to every peer are read in place
+    /// on one host, an allreduce of all of them (its ring steps send a block each), and one of
+    /// a float to keep step: a rank starts more sends than `Sends` holds inline (8 ranks with
+    /// 1 MiB blocks, or 2 ranks with blocks of many pipeline chunks).
     fn wide_round(&mut self, c: &Communicator) {
         let (send, recv) = (Ptr::from_const(self.wide.0.as_ptr()), Ptr::from_mut(self.wide.1.as_mut_ptr()));
-        let (dt, block) = (DataType::Fp32, WIDE as u64);
+        let (dt, count) = (DataType::Fp32, self.wide.0.len() as u64);
+        let block = count / c.size() as u64;
         let one = (Ptr::from_const(self.small.as_ptr()), Ptr::from_mut(self.small_out.as_mut_ptr()));
         let ops = [
             Op::AllGather { send, recv, send_count: block, dt },
             Op::AllToAll { send, recv, count_per_rank: block, dt },
+            Op::AllReduce { send, recv, count, dt, op: ReduceOp::Sum },
             Op::AllReduce { send: one.0, recv: one.1, count: 1, dt, op: ReduceOp::Sum },
         ];
         for op in ops {
@@ -170,11 +175,17 @@ impl Buffers {
 
 /// Allocations per collective (all ranks together) in the counted rounds.
 fn allocations_per_operation(n: u32, transport: Transport) -> f64 {
-    counted(n, transport, false, Buffers::round, ROUNDS) / (ROUNDS * OPS_PER_ROUND) as f64
+    counted(n, transport, 0, Buffers::round, ROUNDS) / (ROUNDS * OPS_PER_ROUND) as f64
+}
+
+/// Allocations per operation (all ranks together) in `rounds` of [`Buffers::wide_round`] over
+/// shared memory with blocks of `block` floats.
+fn wide_allocations_per_operation(n: u32, block: usize, rounds: usize) -> f64 {
+    counted(n, Transport::Shm, block, Buffers::wide_round, rounds) / (rounds * OPS_PER_WIDE_ROUND) as f64
 }
 
 /// Allocations (all ranks together) in `rounds` rounds of `round` after a warm-up.
-fn counted(n: u32, transport: Transport, wide: bool, round: fn(&mut Buffers, &Communicator), rounds: usize) -> f64 {
+fn counted(n: u32, transport: Transport, wide: usize, round: fn(&mut Buffers, &Communicator), rounds: usize) -> f64 {
     // The count is the whole process's: one world at a time.
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -226,9 +237,18 @@ fn collectives_allocate_nothing_per_operation_after_warm_up() {
 
 #[test]
 fn exchanges_of_8_ranks_that_read_every_peer_in_place_allocate_nothing_per_operation() {
-    let per_op = counted(8, Transport::Shm, true, Buffers::wide_round, 60) / (60 * 3) as f64;
+    let per_op = wide_allocations_per_operation(8, 256 << 10, 60);
     eprintln!("8 ranks over Shm, 1 MiB blocks: {per_op:.3} allocations per operation");
     // 8 ranks on a 2-core machine run further apart: more frames come early and queue (0.02-0.06
     // here). Sends kept past `Sends`' room cost 5.4 per operation.
     assert!(per_op < 0.5, "8 ranks over Shm, 1 MiB blocks: {per_op:.3} allocations per operation");
+}
+
+#[test]
+fn steps_of_more_chunks_than_sends_hold_inline_allocate_nothing_per_operation() {
+    // 6 MiB blocks: 12 pipeline chunks per step of each exchange, 24 per ring step.
+    let per_op = wide_allocations_per_operation(2, 6 << 18, 20);
+    eprintln!("2 ranks over Shm, 6 MiB blocks: {per_op:.3} allocations per operation");
+    // Sends kept past `Sends`' room cost 2 per operation.
+    assert!(per_op < 0.5, "2 ranks over Shm, 6 MiB blocks: {per_op:.3} allocations per operation");
 }

@@ -249,9 +249,29 @@ impl<'a> Ctx<'a> {
             trace::transfer(t, self.world_rank(), to, dst, data.len() as u64, true);
         }
         if let Some(index) = index {
-            sends.pending.push(Pending { comm: self.comm, dst, index: Some(index), _data: data });
+            // Made first, so that a failed wait below withdraws this send too (its drop).
+            let started = Pending { comm: self.comm, dst, index: Some(index), _data: data };
+            if sends.pending.len() == sends.pending.inline_size() {
+                self.wait_oldest(sends)?;
+            }
+            sends.pending.push(started);
         }
         Ok(())
+    }
+
+    /// Waits for the oldest send in `sends` and lets go of it, so that `Sends` never outgrows
+    /// its inline room (no allocation however many chunks a step sends). It cannot close a
+    /// cycle: every algorithm sends and receives each step's chunks in order, so the peer reads
+    /// that chunk once it has received its own earlier chunks and steps, on which this rank
+    /// waits for nothing later than this chunk.
+    fn wait_oldest(&self, sends: &mut Sends<'_>) -> Result<()> {
+        let mut oldest = sends.pending.remove(0);
+        match oldest.index.take() {
+            // Done, or withdrawn by the wait on its way out: nothing is left to withdraw.
+            Some(index) => self.comm.net.send_wait(oldest.dst, index, &|health| self.status(health)),
+            None => Ok(()),
+        }
+        .map_err(|e| self.comm.translate(e))
     }
 
     /// Waits until every send started in `sends` has completed (its peer has read it).
@@ -439,7 +459,7 @@ impl<'a> Ctx<'a> {
 /// so that the operation never returns with a peer still reading its buffers.
 #[derive(Default)]
 pub(crate) struct Sends<'d> {
-    /// Inline up to a few (a ring step of up to 8 chunks allocates nothing).
+    /// Inline, never more than it holds so (see `Ctx::wait_oldest`).
     pending: SmallVec<[Pending<'d>; 8]>,
 }
 
@@ -450,13 +470,6 @@ struct Pending<'d> {
     index: Option<u64>,
     /// What the peer reads (kept alive, and borrowed from the caller, until then).
     _data: Cow<'d, [u8]>,
-}
-
-impl Sends<'_> {
-    /// How many more started sends this holds without allocating.
-    pub fn room(&self) -> usize {
-        self.pending.inline_size().saturating_sub(self.pending.len())
-    }
 }
 
 impl Drop for Pending<'_> {

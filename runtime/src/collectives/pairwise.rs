@@ -31,11 +31,9 @@ impl Algorithm for Pairwise {
         let (n, r) = (ctx.size(), ctx.rank());
         let own_in = w.send_blocks[r as usize].clone();
         w.recv[w.recv_blocks[r as usize].clone()].copy_from_slice(&w.send[own_in]);
-        // Sends are waited for once, at the end: a step then ends when its receives do, and a
-        // rank whose partner of the step reads late goes on to its next partner meanwhile.
-        // Earlier only when a step's chunks would not fit in what `Sends` holds inline: the
-        // partner of an earlier step j reads this rank's block in its own step j, so such a
-        // wait depends on earlier steps alone and cannot close a cycle.
+        // Sends are waited for at the end (the oldest earlier once `Sends` is full): a step then
+        // ends when its receives do, and a rank whose partner of the step reads late goes on to
+        // its next partner meanwhile.
         let mut sends = Sends::default();
         for s in 1..n {
             let to = (r + s) % n;
@@ -43,9 +41,6 @@ impl Algorithm for Pairwise {
             let out = w.send_blocks[to as usize].clone();
             let in_ = w.recv_blocks[from as usize].clone();
             let (k_out, k_in) = (ctx.nchunks(out.len()), ctx.nchunks(in_.len()));
-            if sends.room() < k_out {
-                ctx.wait_sends(&mut sends)?;
-            }
             for c in 0..k_out.max(k_in) {
                 if c < k_out {
                     let cr = ctx.chunk_range(out.len(), c);
@@ -80,9 +75,6 @@ impl Algorithm for Pairwise {
             let (to, from) = ((r + s) % n, (r + n - s) % n);
             let dst = block_beside(&mut *below, &mut *above, &mine, w.blocks[from as usize].clone())?;
             let (k_out, k_in) = (ctx.nchunks(own.len()), ctx.nchunks(dst.len()));
-            if sends.room() < k_out {
-                ctx.wait_sends(&mut sends)?;
-            }
             for c in 0..k_out.max(k_in) {
                 if c < k_out {
                     let chunk = &own[ctx.chunk_range(own.len(), c)];
