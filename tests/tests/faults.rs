@@ -75,6 +75,9 @@ fn sigkill_amid_large_collectives_of_every_kind_fails_survivors_within_two_secon
     for n in [3u32, 4] {
         sigkill_mid(n, "kill-large-every-kind", &[]);
     }
+    // Blocks of 8 MiB: a step starts more sends than `Sends` holds and waits for the oldest
+    // amid the step, on a reader that may be dead.
+    sigkill_mid(2, "kill-huge-every-kind", &[]);
 }
 
 /// The last of `n` ranks SIGKILLs itself in a large allreduce: every survivor must report the

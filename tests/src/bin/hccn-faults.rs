@@ -1,10 +1,11 @@
 //! Fault scenarios for one rank of a job started by hccnrun, through the C ABI. Lines starting
 //! with an upper-case word are read by tests/tests/faults.rs.
 //!
-//! - `kill` (`kill-small`, `kill-small-every-kind`, `kill-mid-every-kind`, `kill-large-every-kind`): the last rank SIGKILLs
-//!   itself in the middle of a run of 64-byte allreduces, or of collectives of every kind (64-byte
-//!   ones take the shared-memory board, 16 KiB blocks the messages with two-rank rooted calls
-//!   crossing their data, 256 KiB blocks single-copy reads); survivors must get
+//! - `kill` (`kill-small`, `kill-small-every-kind`, `kill-mid-every-kind`, `kill-large-every-kind`,
+//!   `kill-huge-every-kind`): the last rank SIGKILLs itself in the middle of a run of 64-byte
+//!   allreduces, or of collectives of every kind (64-byte ones take the shared-memory board,
+//!   16 KiB blocks the messages with two-rank rooted calls crossing their data, 256 KiB blocks
+//!   single-copy reads, 8 MiB blocks steps of more sends than `Sends` holds); survivors must get
 //!   HCCN_ERROR_RANK_FAILED naming it, and every later call must fail at once.
 //! - `intruder`: while the job runs verified allreduces, rank 0 starts a process with the wrong
 //!   job token, which must be refused with HCCN_ERROR_AUTH.
@@ -640,6 +641,7 @@ fn main() -> ExitCode {
         "kill-small-every-kind" => kill(&comm, 16, true),
         "kill-mid-every-kind" => kill(&comm, 4 << 10, true),
         "kill-large-every-kind" => kill(&comm, 64 << 10, true),
+        "kill-huge-every-kind" => kill(&comm, 2 << 20, true),
         "intruder" => intruder(&comm),
         "deadline" => deadline(&comm),
         "leave" => leave(comm, &std::env::args().nth(2).unwrap_or_default()),
