@@ -44,6 +44,14 @@ fn every_rank_of_a_mismatched_call_gets_mismatch_without_the_board_and_over_tcp(
 }
 
 #[test]
+fn every_rank_of_a_mismatched_call_gets_mismatch_when_senders_wait_amid_a_step() {
+    // 64 KiB chunks: the wide cases' steps offer more chunks than `Sends` holds.
+    for n in [2, 4] {
+        mismatch_matrix(n, &[("HCCN_CHUNK_BYTES", "65536")]);
+    }
+}
+
+#[test]
 fn two_threads_on_one_communicator_get_busy_never_wrong_data() {
     for n in [2, 4] {
         let out = launch::hccnrun(n, &integrity(), &["threads"], &[], Duration::from_secs(120));

@@ -22,7 +22,7 @@ use hccn_tests::capi::{check, CComm};
 use hccn_tests::Coll;
 
 /// Elements every buffer holds: enough for the largest call of any case on any rank.
-const CAP: usize = 1 << 16;
+const CAP: usize = 1 << 20;
 
 /// One mismatch case: the call of rank `r` of `n`.
 struct Case {
@@ -65,6 +65,10 @@ const LARGE: u64 = 3000;
 const EXCHANGE: u64 = 20 * 1024;
 /// Fp32 elements of a gather block of 512 KiB, which its sender copies through the ring.
 const RING_GATHER: u64 = 128 * 1024;
+/// Fp32 elements of a block of 640 KiB: with `HCCN_CHUNK_BYTES=65536` (integrity.rs) a step
+/// offers 10 chunks for reading in place, more than `Sends` holds, so senders wait for their
+/// oldest amid the step.
+const WIDE: u64 = 160 * 1024;
 
 fn cases() -> Vec<Case> {
     macro_rules! case {
@@ -332,6 +336,25 @@ fn cases() -> Vec<Case> {
                 recv_displs: b.displs.clone(),
                 dt: DataType::Fp32,
             }
+        }),
+        case!("alltoall-count-wide", |r, n, b| Op::AllToAll {
+            send: b.send(),
+            recv: b.recv(),
+            count_per_rank: count(r, n, WIDE),
+            dt: DataType::Fp32
+        }),
+        case!("allgather-count-wide", |r, n, b| Op::AllGather {
+            send: b.send(),
+            recv: b.recv(),
+            send_count: count(r, n, WIDE),
+            dt: DataType::Fp32
+        }),
+        case!("scatter-count-wide", |r, n, b| Op::Scatter {
+            send: b.send(),
+            recv: b.recv(),
+            recv_count: count(r, n, WIDE),
+            dt: DataType::Fp32,
+            root: 0
         }),
         case!("barrier-against-allreduce", |r, n, b| if last(r, n) {
             Op::Barrier
