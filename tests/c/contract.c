@@ -714,11 +714,15 @@ static void run_gather(hccn_datatype dt, uint64_t count, uint32_t root, hccn_str
     free(exp);
 }
 
-static void run_scatter(hccn_datatype dt, uint64_t count, uint32_t root, hccn_stream *s)
+/* In place the root's output is its own block of the input (MPI_IN_PLACE's shape). */
+static void run_scatter(hccn_datatype dt, uint64_t count, uint32_t root, int inplace, hccn_stream *s)
 {
     size_t bytes = (size_t)count * dt_size(dt);
-    unsigned char *send = rbuf_new(bytes * g_size), *recv = rbuf_new(bytes), *copy;
+    int own = inplace && g_rank == root;
+    unsigned char *send = rbuf_new(bytes * g_size), *copy;
+    unsigned char *recv = own ? send + (size_t)root * bytes : rbuf_new(bytes);
     double *exp = dalloc(count);
+    const char *what = inplace ? "scatter in place" : "scatter";
     char ctx[96];
     uint32_t b;
     mkctx(ctx, sizeof ctx, dt, NO_OP, count, (long)root);
@@ -726,15 +730,18 @@ static void run_scatter(hccn_datatype dt, uint64_t count, uint32_t root, hccn_st
         for (b = 0; b < g_size; b++)
             mv_fill(send + (size_t)b * bytes, dt, root, 100 + b, count);
     copy = dup_bytes(send, bytes * g_size);
-    if (check_rc(hccn_scatter(send, recv, count, dt, root, g_world, s), HCCN_SUCCESS, "scatter", ctx) &&
-        finish(s, "scatter", ctx)) {
+    if (check_rc(hccn_scatter(send, recv, count, dt, root, g_world, s), HCCN_SUCCESS, what, ctx) &&
+        finish(s, what, ctx)) {
         mv_expect(exp, dt, root, 100 + g_rank, count);
-        check_array("scatter", recv, dt, exp, NULL, count, ctx);
-        check_send_unchanged("scatter", send, copy, bytes * g_size, ctx);
+        check_array(what, recv, dt, exp, NULL, count, ctx);
+        check_send_unchanged(what, send, copy, bytes * g_size, ctx);
     }
-    check_guard("scatter", recv, bytes, ctx);
+    check_guard(what, send, bytes * g_size, ctx);
+    if (!own) {
+        check_guard(what, recv, bytes, ctx);
+        free(recv);
+    }
     free(send);
-    free(recv);
     free(copy);
     free(exp);
 }
@@ -1134,10 +1141,12 @@ static void test_gather_scatter(void)
         for (d = 0; d < N_DT; d++)
             for (c = 0; c < N_COUNTS; c++) {
                 run_gather(ALL_DT[d], COUNTS[c], root, NULL);
-                run_scatter(ALL_DT[d], COUNTS[c], root, NULL);
+                run_scatter(ALL_DT[d], COUNTS[c], root, 0, NULL);
+                run_scatter(ALL_DT[d], COUNTS[c], root, 1, NULL);
             }
         run_gather(HCCN_FP32, 100003, root, NULL);
-        run_scatter(HCCN_FP32, 100003, root, NULL);
+        run_scatter(HCCN_FP32, 100003, root, 0, NULL);
+        run_scatter(HCCN_FP32, 100003, root, 1, NULL);
     }
 }
 
@@ -1464,7 +1473,7 @@ static void test_streams(void)
     run_allgatherv(HCCN_INT8, 1, 5, s);
     run_reduce_scatter(HCCN_FP64, HCCN_PROD, 1023, 0, s);
     run_gather(HCCN_UINT64, 1023, 0, s);
-    run_scatter(HCCN_UINT16, 1023, g_size - 1, s);
+    run_scatter(HCCN_UINT16, 1023, g_size - 1, 1, s);
     run_alltoall(HCCN_INT32, 1023, s);
     run_alltoallv(HCCN_FP32, 5, s);
     check_rc(hccn_barrier(g_world, s), HCCN_SUCCESS, "barrier on a stream", "");

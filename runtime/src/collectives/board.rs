@@ -370,8 +370,9 @@ impl Algorithm for BoardCollectives {
         let span = super::span(blocks);
         let len_of = |r: u32| if r == root { span } else { 0 };
         let mine = blocks[ctx.rank() as usize].clone();
+        // A root in place (`out` empty) has its block where it belongs already.
         let mut take = |r: u32, post: &[u8], out: &mut [u8]| {
-            if r == root {
+            if r == root && !out.is_empty() {
                 out.copy_from_slice(&post[mine.clone()]);
             }
         };

@@ -41,7 +41,8 @@ impl Algorithm for Linear {
         }
         // The root copies its own block a chunk after each chunk it offers: `Sends` holds only a
         // few offers, so a copy left for the end would wait for the readers of the first ones.
-        let own = &w.send[w.blocks[w.root as usize].clone()];
+        // In place (`recv` empty) the root's block is where it belongs already.
+        let own = if w.recv.is_empty() { &[][..] } else { &w.send[w.blocks[w.root as usize].clone()] };
         if own.len() != w.recv.len() {
             return Err(Error::internal("scatter root's block and output differ in length"));
         }
