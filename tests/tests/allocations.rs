@@ -145,13 +145,14 @@ impl Buffers {
 }
 
 /// The operations of [`Buffers::wide_round`].
-const OPS_PER_WIDE_ROUND: usize = 4;
+const OPS_PER_WIDE_ROUND: usize = 8;
 
 impl Buffers {
     /// Allgather and alltoall of the wide blocks, whose sends to every peer are read in place
-    /// on one host, an allreduce of all of them (its ring steps send a block each), and one of
-    /// a float to keep step: a rank starts more sends than `Sends` holds inline (8 ranks with
-    /// 1 MiB blocks, or 2 ranks with blocks of many pipeline chunks).
+    /// on one host, an allreduce of all of them (its ring steps send a block each), the rooted
+    /// calls of the same sizes, and an allreduce of a float to keep step: a rank starts more
+    /// sends than `Sends` holds inline (8 ranks with 1 MiB blocks, or 2 ranks with blocks of
+    /// many pipeline chunks).
     fn wide_round(&mut self, c: &Communicator) {
         let (send, recv) = (Ptr::from_const(self.wide.0.as_ptr()), Ptr::from_mut(self.wide.1.as_mut_ptr()));
         let (dt, count) = (DataType::Fp32, self.wide.0.len() as u64);
@@ -161,6 +162,10 @@ impl Buffers {
             Op::AllGather { send, recv, send_count: block, dt },
             Op::AllToAll { send, recv, count_per_rank: block, dt },
             Op::AllReduce { send, recv, count, dt, op: ReduceOp::Sum },
+            Op::Broadcast { buf: recv, count, dt, root: 0 },
+            Op::Reduce { send, recv, count, dt, op: ReduceOp::Sum, root: 0 },
+            Op::Gather { send, recv, send_count: block, dt, root: 0 },
+            Op::Scatter { send, recv, recv_count: block, dt, root: 0 },
             Op::AllReduce { send: one.0, recv: one.1, count: 1, dt, op: ReduceOp::Sum },
         ];
         for op in ops {
