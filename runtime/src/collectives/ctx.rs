@@ -261,9 +261,9 @@ impl<'a> Ctx<'a> {
 
     /// Waits for the oldest send in `sends` and lets go of it, so that `Sends` never outgrows
     /// its inline room (no allocation however many chunks a step sends). It cannot close a
-    /// cycle: every algorithm sends and receives each step's chunks in order, so the peer reads
-    /// that chunk once it has received its own earlier chunks and steps, on which this rank
-    /// waits for nothing later than this chunk.
+    /// cycle: every algorithm sends and receives a step's chunks in order, so before its reader
+    /// takes the oldest chunk it needs only earlier chunks and steps, none of which waits for a
+    /// later send of this rank.
     fn wait_oldest(&self, sends: &mut Sends<'_>) -> Result<()> {
         let mut oldest = sends.pending.remove(0);
         match oldest.index.take() {
@@ -459,7 +459,7 @@ impl<'a> Ctx<'a> {
 /// so that the operation never returns with a peer still reading its buffers.
 #[derive(Default)]
 pub(crate) struct Sends<'d> {
-    /// Inline, never more than it holds so (see `Ctx::wait_oldest`).
+    /// Inline only: `Ctx::wait_oldest` keeps it within its inline room.
     pending: SmallVec<[Pending<'d>; 8]>,
 }
 

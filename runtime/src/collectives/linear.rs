@@ -2,10 +2,10 @@
 //! Bytes on the wire: the root moves (n-1) blocks, every other rank one. On one host the
 //! receiver reads large blocks straight from the sender's buffer (one copy, not two through a
 //! ring): the sender of each block waits until it is read, and the receiver is reading it.
-//! The root of a scatter offers the blocks before it waits, copying its own beside them, so that
-//! its receivers read at once, also where ranks share cores (they only store). The root of a gather reads every block
-//! itself, one sender after another: there the senders' copies into the rings, running beside
-//! its own, win from mid sizes (`Flow::Collected`; 4 ranks on 2 cores, 16 MiB each: 11–12 ms
+//! The root of a scatter offers the blocks before it waits, copying its own beside them, so
+//! that its receivers read at once, also where ranks share cores (they only store). The root of
+//! a gather reads every block itself, one sender after another: there the senders' copies into
+//! the rings, running beside its own, win from mid sizes (`Flow::Collected`; 4 ranks on 2 cores, 16 MiB each: 11–12 ms
 //! against 16–17 ms by single copy; 2 ranks bound to a core each: 3.0–3.9 against 5.2–6.8).
 
 use std::borrow::Cow;

@@ -305,9 +305,9 @@ struct Crawl {
 }
 
 /// A frame slower than this, of at least `CRAWL_BYTES`, that took at least `CRAWL_TIME`, is a
-/// straggler. The time floor keeps out a reader that its crowded core kept waiting: 4 ranks of
-/// a gather on 2 cores showed 64 KiB frames of 2 ms, while a link held to 4 Mbit/s takes 131
-/// ms for one.
+/// straggler. The time floor keeps out a reader that its crowded core kept waiting: 4 ranks on 2
+/// cores over loopback showed 512 KiB frames of 11 ms, while a link held to 4 Mbit/s takes 131
+/// ms for one of 64 KiB.
 const CRAWL_RATE: f64 = 50e6;
 const CRAWL_BYTES: usize = 64 << 10;
 const CRAWL_TIME: Duration = Duration::from_millis(50);
