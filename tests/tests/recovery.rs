@@ -91,7 +91,15 @@ fn a_coordinator_that_dies_during_the_shrink_does_not_split_the_survivors() {
 
 #[test]
 fn a_frozen_rank_is_declared_failed_within_about_a_second() {
-    let out = launch::hccnrun(3, &faults(), &["freeze"], &[], Duration::from_secs(120));
+    frozen_rank_is_declared_failed(3, &["freeze"]);
+    // Ring steps of 64 chunks: the senders wait for the frozen reader amid a step.
+    frozen_rank_is_declared_failed(2, &["freeze", "huge"]);
+}
+
+/// The last of `n` ranks freezes (SIGSTOP): the others must name it failed within about a
+/// second and shrink to a working communicator.
+fn frozen_rank_is_declared_failed(n: u32, args: &[&str]) {
+    let out = launch::hccnrun(n, &faults(), args, &[], Duration::from_secs(120));
     assert_eq!(out.code, Some(137), "the frozen rank is killed at the end: {}", out.describe());
     let at = |r: u32, word: &str| -> u128 {
         let prefix = format!("[{r}] {word} ");
@@ -102,15 +110,17 @@ fn a_frozen_rank_is_declared_failed_within_about_a_second() {
             .unwrap_or_else(|| panic!("no {prefix:?}: {}", out.describe()));
         line.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or(0)
     };
-    let frozen_at = at(2, "FREEZE_AT");
-    for r in 0..2 {
+    let victim = n - 1;
+    let frozen_at = at(victim, "FREEZE_AT");
+    for r in 0..victim {
         let line = out.stdout.lines().find(|l| l.starts_with(&format!("[{r}] ERROR_AT"))).unwrap_or_default();
-        assert!(line.contains("code=100 failed=[2]"), "rank {r}: {line}");
+        assert!(line.contains(&format!("code=100 failed=[{victim}]")), "{args:?} rank {r}: {line}");
         let after = at(r, "ERROR_AT").saturating_sub(frozen_at);
         // Silence counts from the last frame heard, up to one heartbeat (100 ms) before the freeze;
         // HCCN_DEAD_AFTER_MS is 800. The upper bound leaves slack for a loaded machine.
-        assert!((600..2500).contains(&after), "rank {r} declared the frozen rank failed after {after} ms");
-        assert!(out.stdout.contains(&format!("[{r}] SHRUNK size=2 epoch=1 result=Ok(())")), "{}", out.describe());
+        assert!((600..2500).contains(&after), "{args:?} rank {r} declared the frozen rank failed after {after} ms");
+        let shrunk = format!("[{r}] SHRUNK size={victim} epoch=1 result=Ok(())");
+        assert!(out.stdout.contains(&shrunk), "{}", out.describe());
     }
 }
 

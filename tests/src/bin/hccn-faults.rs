@@ -14,8 +14,9 @@
 //!   it, shrink, and run exact allreduces on the new communicator (epoch 1, dense ranks).
 //! - `chaos DELAY_US`: rank 3 dies mid-allreduce, then rank 0 dies DELAY_US into its shrink; the
 //!   survivors shrink again while the result has a failed member, and end with 2 exact ranks.
-//! - `freeze`: the last rank SIGSTOPs itself mid-allreduce; heartbeats must declare it failed
-//!   within about HCCN_DEAD_AFTER_MS; survivors shrink, reduce exactly, then kill the stopped rank.
+//! - `freeze [huge]`: the last rank SIGSTOPs itself mid-allreduce (of 4 MiB, or 32 MiB); heartbeats
+//!   must declare it failed within about HCCN_DEAD_AFTER_MS; survivors shrink, reduce exactly,
+//!   then kill the stopped rank.
 //! - `freeze-dial DIALER`: in a world that connects on demand, the last rank SIGSTOPs itself after
 //!   a barrier; rank DIALER, which has no link to it, then sends it a message: the dial (which
 //!   the frozen process's kernel accepts, and nobody answers) must end with RANK_FAILED naming
@@ -299,11 +300,14 @@ fn kill_stopped_siblings() {
     }
 }
 
-fn freeze(c: &CComm) -> ExitCode {
+/// The last rank freezes amid allreduces of 4 MiB, or of 32 MiB (`huge`: ring steps of more
+/// chunks than `Sends` holds, so senders wait for a frozen reader amid a step).
+fn freeze(c: &CComm, huge: bool) -> ExitCode {
     let (me, n) = (c.rank(), c.size());
     let victim = n - 1;
-    let send = vec![1.0f32; 1 << 20];
-    let mut recv = vec![0.0f32; 1 << 20];
+    let elems = if huge { 8 << 20 } else { 1 << 20 };
+    let send = vec![1.0f32; elems];
+    let mut recv = vec![0.0f32; elems];
     if me == victim {
         std::thread::spawn(|| {
             std::thread::sleep(Duration::from_millis(300));
@@ -652,7 +656,7 @@ fn main() -> ExitCode {
             shrink_after_kill(&comm, &victims)
         }
         "revoke" => revoke_then_shrink(&comm),
-        "freeze" => freeze(&comm),
+        "freeze" => freeze(&comm, std::env::args().nth(2).as_deref() == Some("huge")),
         "freeze-dial" => freeze_dial(&comm, std::env::args().nth(2).and_then(|v| v.parse().ok()).unwrap_or(2)),
         "partition" => partition(&comm),
         "store-host-dies" => store_host_dies(&comm),
