@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::rx::{advance, finish, Conn, Step};
+use super::rx::{advance, finish, Conn, Step, Turn};
 use crate::transport::waker::Waker;
 
 /// How often the engine looks for links left aside whose receives stopped polling without
@@ -179,7 +179,7 @@ impl Core {
         if c.closing.load(Ordering::SeqCst) || rx.done {
             return false;
         }
-        let step = advance(c, &mut rx);
+        let step = advance(c, &mut rx, Turn::Engine);
         match step {
             Step::Drained { data } | Step::More { data } => {
                 self.arm(token, c.fd);

@@ -1,13 +1,11 @@
-//! Reading and writing one socket: whole frames out with `sendmsg`, payloads in without
-//! zero-filling, and the peeks that let a receive take a frame that is all there.
+//! Reading and writing one socket: whole frames out with `sendmsg`, and the exact reads and
+//! peeks that let a receive land a frame straight in its own buffer.
 
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::LastHeard;
-use crate::config::MAX_CHUNK_BYTES;
-use crate::wire::{FrameHeader, FrameKind, HEADER_LEN};
+use crate::wire::HEADER_LEN;
 
 /// Sends `head` then `payload` whole, with `sendmsg` of both (a small frame leaves in one
 /// segment without being copied into a buffer of its own first), resuming after partial writes.
@@ -48,34 +46,6 @@ pub(super) fn send_all_unless_full(sock: &TcpStream, head: &[u8], payload: &[u8]
     // SAFETY: `head` is a readable buffer of its length; the fd belongs to `sock`.
     let n = unsafe { libc::send(sock.as_raw_fd(), head.as_ptr().cast(), 1, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
     n == 1 && send_all(sock, &head[1..], payload).is_ok()
-}
-
-/// Reads exactly `len` bytes into the empty `buf`'s reserved capacity: whatever the socket
-/// holds at each call (`read_to_end` reads in pieces from 8 KiB up, a call each), and without
-/// zero-filling first, which would touch every byte twice.
-///
-/// Every piece that arrives marks the link heard: a large frame crossing a slow link is a peer
-/// that speaks, not a silent one.
-pub(super) fn read_payload(
-    fd: std::os::fd::RawFd,
-    buf: &mut Vec<u8>,
-    len: usize,
-    heard: Option<&LastHeard>,
-) -> std::io::Result<()> {
-    buf.clear();
-    buf.reserve_exact(len);
-    while buf.len() < len {
-        let want = len - buf.len();
-        let spare = &mut buf.spare_capacity_mut()[..want];
-        // SAFETY: `spare` is writable memory of its length inside `buf`'s allocation.
-        let n = unsafe { recv_some(fd, spare.as_mut_ptr().cast(), spare.len()) }?;
-        // SAFETY: the kernel initialised the first `n` bytes of `spare`, which follow `len()`.
-        unsafe { buf.set_len(buf.len() + n) };
-        if let Some(h) = heard {
-            h.now();
-        }
-    }
-    Ok(())
 }
 
 /// One `recv` of at most `len` (> 0) bytes into `ptr`: how many came. The end of the stream
@@ -141,37 +111,4 @@ pub(super) fn peek_header(fd: std::os::fd::RawFd) -> Option<[u8; HEADER_LEN]> {
     // SAFETY: peeks at most HEADER_LEN bytes into `head`; the caller keeps `fd` open.
     let n = unsafe { libc::recv(fd, head.as_mut_ptr().cast(), HEADER_LEN, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
     (n == HEADER_LEN as isize).then_some(head)
-}
-
-/// Payload bytes that [`whole_frame`] peeks beyond the header: a frame up to this size is then
-/// taken whole by one more read.
-pub(super) const PEEK_PAYLOAD: usize = 4096;
-
-/// The header of the frame at the head of `fd`'s stream when all of it is there, and it is one
-/// that a receive may take: a data frame or a plain heartbeat, with how many bytes of the
-/// stream (header first) the call peeked into `buf`. Anything else, malformed frames
-/// included, is the progress engine's to handle.
-pub(super) fn whole_frame(
-    fd: std::os::fd::RawFd,
-    buf: &mut [u8; HEADER_LEN + PEEK_PAYLOAD],
-) -> Option<(FrameHeader, usize)> {
-    let mut avail: libc::c_int = 0;
-    // SAFETY: FIONREAD writes one int; the caller keeps `fd` open.
-    if unsafe { libc::ioctl(fd, libc::FIONREAD, &mut avail) } != 0 || (avail as usize) < HEADER_LEN {
-        return None;
-    }
-    // All that is there when it fits, else the header alone: a look at a large frame as it
-    // arrives must not copy kilobytes each time.
-    let want = if avail as usize <= buf.len() { avail as usize } else { HEADER_LEN };
-    // SAFETY: peeks at most `want` <= buf.len() bytes into `buf`; the caller keeps `fd` open.
-    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), want, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
-    let seen = usize::try_from(n).ok().filter(|&n| n >= HEADER_LEN)?;
-    let hdr = FrameHeader::decode(buf[..HEADER_LEN].try_into().ok()?, MAX_CHUNK_BYTES).ok()?;
-    match hdr.kind {
-        FrameKind::Heartbeat if hdr.len == 0 => {}
-        FrameKind::Collective | FrameKind::P2p | FrameKind::Agree => {}
-        // Control frames, and malformed ones, are the engine's.
-        _ => return None,
-    }
-    ((avail as u64) >= HEADER_LEN as u64 + hdr.len).then_some((hdr, seen))
 }

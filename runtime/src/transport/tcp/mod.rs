@@ -26,8 +26,8 @@ use crate::wire::{FrameHeader, FrameKind, HEADER_LEN};
 pub(crate) use channel::TcpChannel;
 use engine::Engine;
 pub(crate) use io::send_all;
-use io::{discard_skipped, peek_header, read_exact_fd, read_payload, send_all_unless_full, whole_frame, PEEK_PAYLOAD};
-use rx::{finish, Conn, Rx};
+use io::{discard_skipped, peek_header, read_exact_fd, send_all_unless_full};
+use rx::{advance, finish, Conn, Rx, Step, Turn, FEED_BYTES};
 
 struct TcpLink {
     conn: Arc<Conn>,
@@ -122,7 +122,10 @@ impl Link for TcpLink {
     }
 
     fn poll(&self, budget: Duration, ready: &dyn Fn() -> bool, small: bool, land: Option<&DirectRead<'_>>) -> bool {
-        let look = || land.is_some_and(|l| self.read_direct(l)) || self.pump() || ready();
+        let look = || match land {
+            Some(l) => self.read_direct(l),
+            None => self.pump(),
+        } || ready();
         if !small && land.is_none() {
             // A large frame is the engine's to copy while this thread works on the last one:
             // have it watch the socket again in case an earlier small receive left it aside.
@@ -168,51 +171,39 @@ impl TcpLink {
         }
     }
 
-    /// Takes one frame off the connection into the inbox if that can be done at once (the
-    /// whole frame is there and no other thread is reading), so that a receive that waits
-    /// for it need not wait for the engine; true when it did.
+    /// Takes what the connection holds now into the inbox, with one `recv` that no other
+    /// thread is in the middle of, so that a receive that waits for a frame need not wait for
+    /// the engine; true when a data frame was filed. A frame that came in part waits in `Rx`
+    /// for the next look, or for the engine.
     fn pump(&self) -> bool {
         let Ok(mut rx) = self.conn.reading.try_lock() else { return false };
-        let took = self.pump_locked(&mut rx);
+        let took = self.pump_locked(&mut rx, FEED_BYTES);
         self.let_go(rx);
         took
     }
 
-    fn pump_locked(&self, rx: &mut MutexGuard<'_, Rx>) -> bool {
+    /// [`pump`](Self::pump) with a `recv` of at most `max` bytes.
+    fn pump_locked(&self, rx: &mut MutexGuard<'_, Rx>, max: usize) -> bool {
         let c = &*self.conn;
-        if !self.caught_up(rx) {
+        if rx.done || c.closing.load(Ordering::SeqCst) {
             return false;
         }
-        let mut peeked = [0u8; HEADER_LEN + PEEK_PAYLOAD];
-        let Some((hdr, seen)) = whole_frame(c.fd, &mut peeked) else { return false };
-        let data = hdr.kind != FrameKind::Heartbeat;
-        let len = hdr.len as usize;
-        // Every byte of the frame is in the socket: no read below can block.
-        let mut payload = if data { super::pool::take(len) } else { Vec::new() };
-        let read = if HEADER_LEN + len <= seen {
-            // The peek showed the whole frame: take it off the socket in one read of its length
-            // (the same bytes again), not two.
-            let frame = &mut peeked[..HEADER_LEN + len];
-            read_exact_fd(c.fd, frame).map(|()| payload.extend_from_slice(&frame[HEADER_LEN..]))
-        } else {
-            let mut head = [0u8; HEADER_LEN];
-            read_exact_fd(c.fd, &mut head).and_then(|()| read_payload(c.fd, &mut payload, len, None))
-        };
-        if let Err(e) = read {
-            return self.fail(rx, &e);
+        match advance(c, rx, Turn::Once(max)) {
+            Step::Drained { data } | Step::Aside { data } | Step::More { data } => data,
+            Step::Over(end) => {
+                finish(c, rx, end);
+                self.engine.remove(self.token, c.fd);
+                false
+            }
         }
-        c.heard.now();
-        if data {
-            c.inbox.push(c.peer, Frame { hdr, payload, landed: false });
-        }
-        true
     }
 
     /// Reads the frame at the head of the stream straight into `l.dst` when it is the next
     /// frame of `l.key` (none of its frames waits in the inbox) and exactly as long, then files
-    /// a marker for it (`Frame::landed`); true when it did. It waits for the payload as it
-    /// comes, until the receive must give up: then the rest of the frame is left to be
-    /// discarded (`skip`), and `dst` is never written again.
+    /// a marker for it (`Frame::landed`); true when it did. A frame ahead of it is taken into
+    /// the inbox ([`pump`](Self::pump)) without a byte past its end, so that ours still lands.
+    /// It waits for the payload as it comes, until the receive must give up: then the rest of
+    /// the frame is left to be discarded (`skip`), and `dst` is never written again.
     fn read_direct(&self, l: &DirectRead<'_>) -> bool {
         let Ok(mut rx) = self.conn.reading.try_lock() else { return false };
         let took = self.read_direct_locked(&mut rx, l);
@@ -222,15 +213,24 @@ impl TcpLink {
 
     fn read_direct_locked(&self, rx: &mut MutexGuard<'_, Rx>, l: &DirectRead<'_>) -> bool {
         let c = &*self.conn;
-        if !self.caught_up(rx) || c.inbox.has_queued(&l.key) {
+        if c.inbox.has_queued(&l.key) {
             return false;
         }
+        if !self.caught_up(rx) {
+            let rest = rx.rest_of_frame();
+            return self.pump_locked(rx, rest);
+        }
         let Some(mut head) = peek_header(c.fd) else { return false };
+        let peeked = FrameHeader::decode(&head, MAX_CHUNK_BYTES).ok();
+        let dst_len = l.dst.borrow().len() as u64;
+        let ours = peeked
+            .filter(|h| Key { src: c.peer, kind: h.kind, comm_id: h.comm_id, seq: h.seq } == l.key && h.len == dst_len);
+        let Some(hdr) = ours else {
+            // A malformed header: read alone, its check ends the link as the engine's would.
+            let upto = peeked.map_or(HEADER_LEN, |h| HEADER_LEN + h.len as usize);
+            return self.pump_locked(rx, upto);
+        };
         let mut dst = l.dst.borrow_mut();
-        let ours = FrameHeader::decode(&head, MAX_CHUNK_BYTES).ok().filter(|h| {
-            Key { src: c.peer, kind: h.kind, comm_id: h.comm_id, seq: h.seq } == l.key && h.len == dst.len() as u64
-        });
-        let Some(hdr) = ours else { return false };
         if let Err(e) = read_exact_fd(c.fd, &mut head) {
             return self.fail(rx, &e);
         }

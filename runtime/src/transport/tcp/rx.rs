@@ -92,6 +92,14 @@ impl Rx {
     pub fn between_frames(&self) -> bool {
         self.head_got == 0 && self.hdr.is_none()
     }
+
+    /// Bytes of the stream up to the end of the frame under way; between frames, a header's.
+    pub fn rest_of_frame(&self) -> usize {
+        match self.hdr {
+            Some(h) => h.len as usize - self.payload.len(),
+            None => HEADER_LEN - self.head_got,
+        }
+    }
 }
 
 /// What one call of [`advance`] came to.
@@ -111,50 +119,76 @@ pub(super) enum Step {
 const TURN_FRAMES: usize = 16;
 const TURN_BYTES: usize = 4 << 20;
 
+/// What one `recv` asks for at a frame boundary, or for the short rest of a payload: small
+/// frames then cost a single system call, however many of them wait, where a header read and a
+/// payload read took two. A payload whose rest is larger is read straight into its buffer.
+pub(super) const FEED_BYTES: usize = 16 << 10;
+
 /// Largest payload of a control frame (goodbye, suspect, evict, mismatch): what the news of
 /// every rank of a large job takes, and no more.
 const CONTROL_MAX: usize = 1 << 20;
 
+/// Who calls [`advance`], and so how long it reads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Turn {
+    /// The engine: until the socket is drained or the turn used up, standing aside at a frame
+    /// boundary while receives poll the link.
+    Engine,
+    /// A receive that polls for its frame (`TcpLink::pump`): one `recv` of at most this many
+    /// bytes, whatever it held filed.
+    Once(usize),
+}
+
 /// Reads what the socket holds now, frame by frame, filing each one complete; never blocks.
-/// Called under `c.reading` (that is `rx`).
-pub(super) fn advance(c: &Conn, rx: &mut Rx) -> Step {
-    let (mut frames, mut bytes, mut data) = (0usize, 0usize, false);
+/// Called under `c.reading` (that is `rx`). Every byte taken off the socket is in `rx` when it
+/// returns, so a frame is never left complete but unfiled: the next bytes wake the engine.
+pub(super) fn advance(c: &Conn, rx: &mut Rx, turn: Turn) -> Step {
+    let mut t = Tally::default();
     match discard_skipped(c.fd, &c.skip, libc::MSG_DONTWAIT) {
         Ok(0) => {}
-        Ok(_) => return Step::Drained { data },
+        Ok(_) => return Step::Drained { data: false },
         Err(e) => return Step::Over(Some(lost(&e))),
     }
     loop {
-        if rx.between_frames() && c.polled.load(Ordering::SeqCst) > 0 {
-            return Step::Aside { data };
-        }
-        if frames >= TURN_FRAMES || bytes >= TURN_BYTES {
-            return Step::More { data };
+        if turn == Turn::Engine {
+            if rx.between_frames() && c.polled.load(Ordering::SeqCst) > 0 {
+                return Step::Aside { data: t.data };
+            }
+            if t.frames >= TURN_FRAMES || t.bytes >= TURN_BYTES {
+                return Step::More { data: t.data };
+            }
         }
         let got = match rx.hdr {
-            None => read_head(c, rx),
-            Some(_) => read_body(c, rx),
+            Some(h) if h.len as usize - rx.payload.len() >= FEED_BYTES => read_body(c, rx),
+            _ => {
+                let max = match turn {
+                    Turn::Engine => FEED_BYTES,
+                    Turn::Once(max) => max.clamp(1, FEED_BYTES),
+                };
+                read_fed(c, rx, max, &mut t)
+            }
         };
         match got {
-            Ok(0) => return Step::Drained { data },
-            Ok(n) => bytes += n,
-            Err(fault) => return Step::Over(Some(fault)),
+            Ok(0) => return Step::Drained { data: t.data },
+            Ok(n) => t.bytes += n,
+            Err(end) => return Step::Over(end),
         }
-        if rx.hdr.is_none() && rx.head_got == HEADER_LEN {
-            match header(c, rx) {
-                Ok(true) => {}
-                Ok(false) => frames += 1,
-                Err(fault) => return Step::Over(Some(fault)),
-            }
+        if let Err(end) = file_if_whole(c, rx, &mut t) {
+            return Step::Over(end);
         }
-        if let Some(hdr) = rx.hdr.filter(|h| rx.payload.len() as u64 == h.len) {
-            frames += 1;
-            match file(c, rx, hdr) {
-                Ok(d) => data |= d,
-                Err(end) => return Step::Over(end),
-            }
+        if turn != Turn::Engine {
+            return Step::Drained { data: t.data };
         }
     }
+}
+
+/// What a turn of [`advance`] has read so far.
+#[derive(Default)]
+struct Tally {
+    frames: usize,
+    bytes: usize,
+    /// A data frame was filed.
+    data: bool,
 }
 
 /// One non-blocking `recv` into `buf`: how many bytes came (0: none now). The end of the stream
@@ -182,21 +216,54 @@ fn recv_now(c: &Conn, buf: *mut u8, len: usize, inside: bool) -> Result<usize, F
     }
 }
 
-fn read_head(c: &Conn, rx: &mut Rx) -> Result<usize, Fault> {
-    let inside = rx.head_got > 0;
-    let rest = &mut rx.head[rx.head_got..];
-    let n = recv_now(c, rest.as_mut_ptr(), rest.len(), inside)?;
-    rx.head_got += n;
+/// One `recv` of up to `max` (at most [`FEED_BYTES`]), fed into `rx`: the frame under way
+/// continued, every frame that completes filed, the start of the next one kept.
+fn read_fed(c: &Conn, rx: &mut Rx, max: usize, t: &mut Tally) -> Result<usize, Option<Fault>> {
+    let mut buf = std::mem::MaybeUninit::<[u8; FEED_BYTES]>::uninit();
+    let n = recv_now(c, buf.as_mut_ptr().cast(), max.min(FEED_BYTES), !rx.between_frames())?;
+    // SAFETY: the kernel initialised the first `n` bytes of `buf`.
+    let mut bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n) };
+    while !bytes.is_empty() {
+        let k = match rx.hdr {
+            None => {
+                let k = (HEADER_LEN - rx.head_got).min(bytes.len());
+                rx.head[rx.head_got..rx.head_got + k].copy_from_slice(&bytes[..k]);
+                rx.head_got += k;
+                k
+            }
+            Some(h) => {
+                let k = (h.len as usize - rx.payload.len()).min(bytes.len());
+                rx.payload.extend_from_slice(&bytes[..k]);
+                k
+            }
+        };
+        bytes = &bytes[k..];
+        file_if_whole(c, rx, t)?;
+    }
     Ok(n)
 }
 
-fn read_body(c: &Conn, rx: &mut Rx) -> Result<usize, Fault> {
+/// Reads more of the payload under way straight into its buffer.
+fn read_body(c: &Conn, rx: &mut Rx) -> Result<usize, Option<Fault>> {
     let want = rx.hdr.map_or(0, |h| h.len as usize) - rx.payload.len();
     let spare = &mut rx.payload.spare_capacity_mut()[..want];
     let n = recv_now(c, spare.as_mut_ptr().cast(), spare.len(), true)?;
     // SAFETY: the kernel initialised the first `n` bytes of `spare`, which follow `len()`.
     unsafe { rx.payload.set_len(rx.payload.len() + n) };
     Ok(n)
+}
+
+/// Takes the step that bytes just added to `rx` allow: a header complete is checked, a frame
+/// complete is filed. `Err` ends the link (a goodbye: `None`).
+fn file_if_whole(c: &Conn, rx: &mut Rx, t: &mut Tally) -> Result<(), Option<Fault>> {
+    if rx.hdr.is_none() && rx.head_got == HEADER_LEN && !header(c, rx).map_err(Some)? {
+        t.frames += 1;
+    }
+    if let Some(hdr) = rx.hdr.filter(|h| rx.payload.len() as u64 == h.len) {
+        t.frames += 1;
+        t.data |= file(c, rx, hdr)?;
+    }
+    Ok(())
 }
 
 /// Checks the header just read whole. Frames that are a header alone (heartbeats, revokes) are

@@ -1,39 +1,15 @@
 use std::net::TcpListener;
 use std::time::Duration;
 
-use super::io::read_payload;
 use super::*;
 use crate::error::ErrorKind;
+use crate::wire::HEADER_LEN;
 
 fn socket_pair() -> (TcpStream, TcpStream) {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let a = TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
     let (b, _) = listener.accept().expect("accept");
     (a, b)
-}
-
-#[test]
-fn a_payload_is_read_whole_across_pieces_and_a_cut_one_is_an_eof() {
-    let (mut tx, rx) = socket_pair();
-    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
-    let writer = {
-        let data = data.clone();
-        std::thread::spawn(move || {
-            use std::io::Write;
-            for piece in data.chunks(70_001) {
-                tx.write_all(piece).expect("write");
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            // Half of a second frame, then the connection ends.
-            tx.write_all(&data[..1000]).expect("write");
-        })
-    };
-    let mut buf = vec![7u8; 3];
-    read_payload(rx.as_raw_fd(), &mut buf, data.len(), None).expect("whole payload");
-    assert_eq!(buf, data);
-    writer.join().expect("writer");
-    let cut = read_payload(rx.as_raw_fd(), &mut buf, 2000, None).expect_err("the peer closed inside the frame");
-    assert_eq!(cut.kind(), std::io::ErrorKind::UnexpectedEof);
 }
 
 #[test]
@@ -78,12 +54,13 @@ fn frames_taken_by_the_receive_and_by_the_reader_arrive_whole_once_and_in_order(
 }
 
 #[test]
-fn frames_queued_back_to_back_are_taken_one_at_a_time_by_the_peek_and_the_plain_reads() {
-    // Frames up to the peek's size are taken with the bytes the peek saw, larger ones by
-    // header and payload; with several in the socket at once a read must stop at its
-    // frame's end.
+fn frames_queued_back_to_back_arrive_whole_when_one_read_holds_several_or_a_frame_spans_reads() {
+    // A receive takes what one `recv` brings (up to FEED_BYTES): several small frames, the
+    // start of the next one, or a payload whose large rest it reads straight into place.
     let (tx, inbox, link, cfg) = linked(Duration::from_secs(20));
-    let lens: Vec<usize> = (0..60).map(|i| [0, 1, 7, 4095, 4096, 4097, 9000, 70][i % 8] + i).collect();
+    let feed = super::rx::FEED_BYTES;
+    let sizes = [0, 1, 7, feed - HEADER_LEN - 1, feed - HEADER_LEN, feed - 1, feed, feed + 1, 2 * feed + 5, 70];
+    let lens: Vec<usize> = (0..60).map(|i| sizes[i % sizes.len()] + i / sizes.len()).collect();
     let body = |seq: usize| -> Vec<u8> { (0..lens[seq]).map(|i| (i * 7 + seq) as u8).collect() };
     let mut stream = Vec::new();
     for (seq, &len) in lens.iter().enumerate() {
@@ -97,6 +74,30 @@ fn frames_queued_back_to_back_are_taken_one_at_a_time_by_the_peek_and_the_plain_
         assert!(f.payload == body(seq), "frame {seq} of {len} bytes intact");
     }
     assert_eq!(inbox.queued(), 0);
+    link.close(None);
+}
+
+#[test]
+fn a_goodbye_read_by_a_polling_receive_with_the_last_frame_ends_the_link_as_a_departure() {
+    // One `recv` of the receive brings its frame and the peer's goodbye behind it: the frame
+    // is filed, the goodbye is the peer leaving (not failing), and the receive after it learns so.
+    let (tx, inbox, link, cfg) = linked(Duration::from_secs(20));
+    let mut stream = collective(0, 12).encode().to_vec();
+    stream.extend_from_slice(&[5; 12]);
+    stream.extend_from_slice(&FrameHeader { len: 0, ..super::GOODBYE }.encode());
+    send_all(&tx, &stream, &[]).expect("send");
+    let poll = |budget, ready: &dyn Fn() -> bool| link.poll(budget, ready, true, None);
+    let f = inbox.take(key(0), cfg.timeout, &|_| None, &poll).expect("the frame before the goodbye");
+    assert_eq!(f.payload, [5; 12]);
+    let status = |h: &super::super::Health<'_>| {
+        h.departed
+            .get(&1)
+            .map(|_| Error::new(ErrorKind::RankFailed, "departed"))
+            .or_else(|| h.failed.get(&1).map(|why| Error::new(ErrorKind::Internal, why.reason.clone())))
+    };
+    let e = inbox.take(key(1), cfg.timeout, &status, &poll).expect_err("the peer left");
+    assert_eq!(e.kind(), ErrorKind::RankFailed, "a departure, not a failure: {e}");
+    drop(tx);
     link.close(None);
 }
 
@@ -169,6 +170,48 @@ fn large_frames_land_whole_in_the_receive_buffer_and_the_others_still_arrive_in_
     assert_eq!(inbox.queued(), 0);
     drop(go);
     writer.join().expect("writer");
+    link.close(None);
+}
+
+#[test]
+fn a_small_frame_ahead_of_a_landing_one_is_taken_without_its_follower() {
+    // The receive that lands frame 1 finds frame 0 ahead of it in the same write: it files
+    // frame 0 with a read that stops at its end, so that frame 1 still lands in place.
+    let (tx, inbox, link, cfg) = linked(Duration::from_secs(20));
+    let big: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
+    let mut stream = collective(0, 40).encode().to_vec();
+    stream.extend_from_slice(&[9; 40]);
+    stream.extend_from_slice(&collective(1, big.len()).encode());
+    stream.extend_from_slice(&big);
+    let (go, polling) = std::sync::mpsc::channel::<()>();
+    let writer = std::thread::spawn(move || {
+        polling.recv().expect("go");
+        send_all(&tx, &stream, &[]).expect("send");
+        tx
+    });
+    let mut buf = vec![0u8; big.len()];
+    let f = {
+        let cell = std::cell::RefCell::new(&mut buf[..]);
+        let give_up = || false;
+        let direct = DirectRead { key: key(1), dst: &cell, give_up: &give_up };
+        let asked = std::cell::Cell::new(false);
+        let poll = |_, ready: &dyn Fn() -> bool| {
+            let look = || {
+                if !asked.replace(true) {
+                    go.send(()).expect("writer");
+                }
+                ready()
+            };
+            link.poll(Duration::from_secs(10), &look, false, Some(&direct))
+        };
+        inbox.take(key(1), cfg.timeout, &|_| None, &poll).expect("frame 1")
+    };
+    assert!(f.landed, "frame 1 landed in place");
+    assert!(buf == big, "frame 1 intact");
+    let poll = |budget, ready: &dyn Fn() -> bool| link.poll(budget, ready, true, None);
+    let first = inbox.take(key(0), cfg.timeout, &|_| None, &poll).expect("frame 0");
+    assert_eq!(first.payload, [9; 40]);
+    drop(writer.join().expect("writer"));
     link.close(None);
 }
 
