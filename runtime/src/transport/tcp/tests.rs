@@ -311,3 +311,21 @@ fn a_receive_polling_for_a_small_frame_learns_that_the_peer_died_from_the_reader
     assert_eq!(e.kind(), ErrorKind::RankFailed, "{e}");
     link.close(None);
 }
+
+#[test]
+fn a_malformed_frame_read_by_a_polling_receive_cuts_the_link_at_once() {
+    // The receive that polls reads the garbage itself: the link is cut and the receive hears
+    // of it at once, not at its timeout.
+    let (tx, inbox, link, cfg) = linked(Duration::from_secs(60));
+    send_all(&tx, &[0xff; 64], &[]).expect("send");
+    let status =
+        |h: &super::super::Health<'_>| h.failed.get(&1).map(|why| Error::rank_failed(vec![1], why.reason.clone()));
+    let poll = |budget, ready: &dyn Fn() -> bool| link.poll(budget, ready, true, None);
+    let start = Instant::now();
+    let e = inbox.take(key(0), cfg.timeout, &status, &poll).expect_err("the link was cut");
+    assert_eq!(e.kind(), ErrorKind::RankFailed, "{e}");
+    assert!(e.to_string().contains("refused a frame"), "{e}");
+    assert!(start.elapsed() < Duration::from_secs(30), "heard of it long before the timeout");
+    drop(tx);
+    link.close(None);
+}
