@@ -226,7 +226,8 @@ impl TcpLink {
         let ours = peeked
             .filter(|h| Key { src: c.peer, kind: h.kind, comm_id: h.comm_id, seq: h.seq } == l.key && h.len == dst_len);
         let Some(hdr) = ours else {
-            // A malformed header: read alone, its check ends the link as the engine's would.
+            // Another frame is ahead: taken, and no byte past its end. A malformed header is
+            // read alone, and its check ends the link as the engine's would.
             let upto = peeked.map_or(HEADER_LEN, |h| HEADER_LEN + h.len as usize);
             return self.pump_locked(rx, upto);
         };

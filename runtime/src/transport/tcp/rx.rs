@@ -160,7 +160,7 @@ pub(super) fn advance(c: &Conn, rx: &mut Rx, turn: Turn) -> Step {
             }
         }
         let got = match rx.hdr {
-            Some(h) if h.len as usize - rx.payload.len() >= FEED_BYTES => read_body(c, rx),
+            Some(h) if h.len as usize - rx.payload.len() >= FEED_BYTES => read_body(c, rx, &mut t),
             _ => {
                 let max = match turn {
                     Turn::Engine => FEED_BYTES,
@@ -173,9 +173,6 @@ pub(super) fn advance(c: &Conn, rx: &mut Rx, turn: Turn) -> Step {
             Ok(0) => return Step::Drained { data: t.data },
             Ok(n) => t.bytes += n,
             Err(end) => return Step::Over(end),
-        }
-        if let Err(end) = file_if_whole(c, rx, &mut t) {
-            return Step::Over(end);
         }
         if turn != Turn::Engine {
             return Step::Drained { data: t.data };
@@ -244,13 +241,14 @@ fn read_fed(c: &Conn, rx: &mut Rx, max: usize, t: &mut Tally) -> Result<usize, O
     Ok(n)
 }
 
-/// Reads more of the payload under way straight into its buffer.
-fn read_body(c: &Conn, rx: &mut Rx) -> Result<usize, Option<Fault>> {
+/// Reads more of the payload under way straight into its buffer; files the frame once whole.
+fn read_body(c: &Conn, rx: &mut Rx, t: &mut Tally) -> Result<usize, Option<Fault>> {
     let want = rx.hdr.map_or(0, |h| h.len as usize) - rx.payload.len();
     let spare = &mut rx.payload.spare_capacity_mut()[..want];
     let n = recv_now(c, spare.as_mut_ptr().cast(), spare.len(), true)?;
     // SAFETY: the kernel initialised the first `n` bytes of `spare`, which follow `len()`.
     unsafe { rx.payload.set_len(rx.payload.len() + n) };
+    file_if_whole(c, rx, t)?;
     Ok(n)
 }
 
