@@ -1,11 +1,11 @@
 //! TCP links: one authenticated socket per pair of ranks, whose frames the process's progress
 //! engine (engine.rs: one thread, epoll over every link) files into the [`Inbox`], and writes
 //! with `MSG_NOSIGNAL` so a dead peer is an error, never a SIGPIPE in the host program. One
-//! thread takes a frame off a socket at a time (the `reading` lock): the engine, or a receive
-//! that polls for its frame and takes it itself (`pump`, whole small frames; `read_direct`, a
-//! large frame straight into the receive's buffer), while the engine leaves the link aside
-//! (`polled`). io.rs reads and writes sockets, rx.rs reads frames a piece at a time for the
-//! engine.
+//! thread reads a socket at a time (the `reading` lock): the engine, or a receive that polls
+//! for its frame and reads the link itself (`pump`, one read through the engine's frame reader;
+//! `read_direct`, a large frame straight into the receive's buffer), while the engine leaves
+//! the link aside (`polled`). io.rs writes sockets and reads them exactly, rx.rs reads frames a
+//! piece at a time for both.
 
 mod channel;
 mod engine;
