@@ -89,6 +89,23 @@ fn a_job_of_128_ranks_over_tcp_starts_reduces_and_stops_with_no_false_failure() 
     assert!(report.threads <= MAX_THREADS, "rank 0 of 128 holds {} threads", report.threads);
 }
 
+/// In a barrier of a world that connects on demand, a rank's last signal may be its first frame
+/// to that peer: it dials, sends, leaves and closes its listener, while the peer, waiting for
+/// that signal, dials it too and finds nothing listening. The peer's acceptor has kept the
+/// leaver's connection by then, with the signal and the goodbye on it: the wait takes the
+/// signal instead of reporting that the leaver left (one job in two of 128 ranks failed so).
+#[test]
+fn a_rank_that_leaves_right_after_its_last_signal_on_a_new_link_is_not_taken_for_gone() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let env = [("HCCN_TRANSPORT", "tcp"), ("HCCN_FULL_MESH_UP_TO", "0")];
+    // About one job in four of 32 ranks failed before: 16 jobs all clean leave that to chance
+    // once in a hundred runs.
+    for _ in 0..16 {
+        let out = launch::hccnrun(32, &probe(), &["--barrier-only"], &env, Duration::from_secs(30));
+        check_clean(32, &out);
+    }
+}
+
 #[test]
 fn a_job_of_32_local_ranks_over_shared_memory_is_clean_and_a_rank_uses_no_more_memory_than_among_4() {
     // Every pair has its segment (2 MiB), but pages are taken only where rings are used: the

@@ -179,7 +179,7 @@ impl OnDemand {
             },
             Ok(Dialed::Gone) => {
                 drop(dialing);
-                Err(self.gone(peer))
+                self.gone(peer)
             }
             Err(e) => {
                 drop(dialing);
@@ -194,16 +194,25 @@ impl OnDemand {
         }
     }
 
-    /// The error for a peer whose listener is closed. Its process crashed (its links' other
-    /// ends saw that, and their news comes within moments) or it left on purpose (only the
-    /// ranks it had links to heard its goodbye): a departure unless news says otherwise, so
-    /// that a rank that left right after its own error is not blamed (see [`Net::send`]).
-    fn gone(&self, peer: u32) -> Error {
+    /// A peer whose listener is closed. It may have dialed this rank before it left, sent its
+    /// frames on that connection and said goodbye: then this rank's acceptor keeps (or has just
+    /// kept) that connection, and its frames are still to be read, so its link is the answer.
+    /// Else its process crashed (its links' other ends saw that, and their news comes within
+    /// moments) or it left on purpose (only the ranks it had links to heard its goodbye): a
+    /// departure unless news says otherwise, so that a rank that left right after its own
+    /// error is not blamed (see [`Net::send`]).
+    fn gone(&self, peer: u32) -> Result<Peer> {
         let until = Instant::now() + super::WITHDRAW_GRACE;
-        while Instant::now() < until && self.inbox.lost_anywhere(peer).is_none() {
+        loop {
+            if let Some(p) = self.links.peer(peer) {
+                return Ok(p);
+            }
+            if Instant::now() >= until || self.inbox.lost_anywhere(peer).is_some() {
+                break;
+            }
             std::thread::sleep(Duration::from_millis(2));
         }
-        match self.inbox.lost_anywhere(peer) {
+        Err(match self.inbox.lost_anywhere(peer) {
             Some(reason) => lost(peer, &reason),
             None => {
                 // What it left knowing is unknown: most likely what this rank knows of (a rank
@@ -213,7 +222,7 @@ impl OnDemand {
                 self.inbox.mark_departed(peer, self.inbox.by_id(known.clone()));
                 super::departure(peer, &known)
             }
-        }
+        })
     }
 
     /// Connects to `peer` on a thread of its own unless one is at it already (the watchdog's

@@ -1,5 +1,6 @@
 //! One rank of a scale probe under hccnrun, for tests/tests/scale.rs: init from the environment,
-//! barrier, one checked allreduce, then this process's threads, descriptors and peak RSS
+//! barrier, one checked allreduce (not with `--barrier-only`: then a rank leaves right after
+//! its barrier, whose last signals may be a peer's first frames on a new link), then this process's threads, descriptors and peak RSS
 //! (/proc/self/task, /proc/self/fd, VmHWM) while the communicator is alive, then destroy.
 //!
 //! Prints `rank r of n: SCALE threads=T fds=F rss_mb=M` on success; `FAIL ...` and exit 1 otherwise.
@@ -35,10 +36,14 @@ fn rank_and_size(comm: *mut hccn_comm) -> Result<(u32, u32), String> {
     Ok((rank, size))
 }
 
-/// Barrier, then an allreduce of a few numbers per rank checked against the exact sum.
-fn exercise(comm: *mut hccn_comm, rank: u32, n: u32) -> Result<(), String> {
+/// Barrier, then (unless `barrier_only`) an allreduce of a few numbers per rank checked against
+/// the exact sum.
+fn exercise(comm: *mut hccn_comm, rank: u32, n: u32, barrier_only: bool) -> Result<(), String> {
     // SAFETY: a live communicator; NULL stream means a blocking call.
     check(unsafe { hccn_barrier(comm, std::ptr::null_mut()) }).map_err(|(c, m)| format!("barrier: {c} {m}"))?;
+    if barrier_only {
+        return Ok(());
+    }
     const COUNT: usize = 1024;
     let send: Vec<f32> = (0..COUNT).map(|i| (rank as usize + i % 7) as f32).collect();
     let mut recv = vec![0.0f32; COUNT];
@@ -70,7 +75,9 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let outcome = rank_and_size(comm.comm).and_then(|(rank, n)| exercise(comm.comm, rank, n).map(|()| (rank, n)));
+    let barrier_only = std::env::args().any(|a| a == "--barrier-only");
+    let outcome =
+        rank_and_size(comm.comm).and_then(|(rank, n)| exercise(comm.comm, rank, n, barrier_only).map(|()| (rank, n)));
     match outcome {
         Ok((rank, n)) => {
             let (threads, fds) = (count("/proc/self/task"), count("/proc/self/fd"));
