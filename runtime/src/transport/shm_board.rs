@@ -41,6 +41,8 @@ const INLINE_AT: usize = FP_AT + Fingerprint::BYTES;
 const INLINE: usize = LINE - INLINE_AT;
 /// Sequence line (with small payloads inline), then the payload.
 const SLOT: usize = LINE + BOARD_BYTES;
+/// Posts up to this size are pushed into the shared cache whole (see [`demote`]).
+const DEMOTE_UP_TO: usize = 256;
 const MAGIC: u64 = 0x4843_434e_4252_4432; // "HCCNBRD2"
 
 /// Looks a waiter spends spinning (rather than yielding) while no rank it waits for shares its
@@ -52,6 +54,22 @@ const HEALTH_EVERY: u32 = 8;
 /// rank (the core it last ran on, then per slot index the last turn + 1 it folded), then the slots.
 fn board_bytes(n: u32) -> usize {
     LINE + n as usize * LINE + n as usize * TURNS as usize * SLOT
+}
+
+/// Pushes the cache line at `p` out of this core's private caches into the shared one, where
+/// another core's miss finds it sooner than in this core's (`cldemote`: a hint, a no-op on
+/// cores without it). 2 ranks on 2 cores, 64 bytes: allreduce 0.79 -> 0.69 µs per call,
+/// alltoall 0.82 -> 0.65; 4 ranks 3-11 % faster, but a gather 7-17 % slower.
+#[inline(always)]
+fn demote(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: cldemote neither faults nor writes (it is a NOP where unsupported); `p` points
+    // into a live mapping anyway.
+    unsafe {
+        std::arch::asm!("cldemote [{0}]", in(reg) p, options(nostack, preserves_flags, readonly));
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// One communicator's board, mapped by each of its ranks.
@@ -303,6 +321,13 @@ impl Board {
             std::ptr::copy_nonoverlapping(data.as_ptr(), self.payload(me, turn, data.len()), data.len());
         }
         self.seq(me, turn).store(turn + 1, Ordering::Release);
+        // Every other rank reads these lines next: from the shared cache sooner than from ours.
+        // A large post is read at the speed of the copy, and pushing it out costs the writer.
+        let slot = self.slot(me, turn);
+        demote(self.at(slot));
+        if data.len() > INLINE && data.len() <= DEMOTE_UP_TO {
+            (LINE..LINE + data.len()).step_by(LINE).for_each(|at| demote(self.at(slot + at)));
+        }
         self.wake();
         Ok(())
     }
