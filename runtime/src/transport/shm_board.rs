@@ -22,7 +22,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::placement::{self, here, Countdown};
-use super::shm::{futex_wait, futex_wake, Backoff, Segment, Wait, NAP};
+use super::shm::{demote, futex_wait, futex_wake, Backoff, Segment, Wait, DEMOTE_UP_TO, NAP};
 use crate::error::{Error, Result};
 use crate::wire::Fingerprint;
 
@@ -41,8 +41,6 @@ const INLINE_AT: usize = FP_AT + Fingerprint::BYTES;
 const INLINE: usize = LINE - INLINE_AT;
 /// Sequence line (with small payloads inline), then the payload.
 const SLOT: usize = LINE + BOARD_BYTES;
-/// Posts up to this size are pushed into the shared cache whole (see [`demote`]).
-const DEMOTE_UP_TO: usize = 256;
 const MAGIC: u64 = 0x4843_434e_4252_4432; // "HCCNBRD2"
 
 /// Looks a waiter spends spinning (rather than yielding) while no rank it waits for shares its
@@ -54,22 +52,6 @@ const HEALTH_EVERY: u32 = 8;
 /// rank (the core it last ran on, then per slot index the last turn + 1 it folded), then the slots.
 fn board_bytes(n: u32) -> usize {
     LINE + n as usize * LINE + n as usize * TURNS as usize * SLOT
-}
-
-/// Pushes the cache line at `p` out of this core's private caches into the shared one, where
-/// another core's miss finds it sooner than in this core's (`cldemote`: a hint, a no-op on
-/// cores without it). 2 ranks on 2 cores, 64 bytes: allreduce 0.79 -> 0.69 µs per call,
-/// alltoall 0.82 -> 0.65; 4 ranks 3-11 % faster, but a gather 7-17 % slower.
-#[inline(always)]
-fn demote(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: cldemote neither faults nor writes (it is a NOP where unsupported); `p` points
-    // into a live mapping anyway.
-    unsafe {
-        std::arch::asm!("cldemote [{0}]", in(reg) p, options(nostack, preserves_flags, readonly));
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 /// One communicator's board, mapped by each of its ranks.

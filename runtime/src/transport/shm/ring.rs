@@ -151,6 +151,11 @@ impl Ring {
             }
         }
         self.seq(n).store(n + 1, Ordering::Release);
+        // The consumer reads the header line next (and a small payload): see `demote`.
+        demote(p);
+        if data.len() > INLINE && data.len() <= DEMOTE_UP_TO {
+            (0..data.len()).step_by(64).for_each(|at| demote(p.wrapping_add(SLOT_HEAD + at)));
+        }
     }
 
     /// Slot `n`'s sequence word: `n + 1` once slot `n` is published. A consumer polls this

@@ -63,3 +63,24 @@ impl Segment {
         Ok(Segment { ptr: ptr.cast(), len })
     }
 }
+
+/// Writes up to this size are pushed into the shared cache whole (see [`demote`]): a larger one
+/// is read at the speed of the copy, and pushing it out costs the writer (4 KiB board posts:
+/// broadcasts 40 % slower).
+pub(crate) const DEMOTE_UP_TO: usize = 256;
+
+/// Pushes the cache line at `p` out of this core's private caches into the shared one, where
+/// another core's miss finds it sooner than in this core's (`cldemote`: a hint, a no-op on
+/// cores without it). 2 ranks on 2 cores, 64 bytes: allreduce 0.79 -> 0.69 µs per call,
+/// alltoall 0.82 -> 0.65; 4 ranks 3-11 % faster, but a gather 7-17 % slower.
+#[inline(always)]
+pub(crate) fn demote(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: cldemote neither faults nor writes (it is a NOP where unsupported); `p` points
+    // into a live mapping anyway.
+    unsafe {
+        std::arch::asm!("cldemote [{0}]", in(reg) p, options(nostack, preserves_flags, readonly));
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
