@@ -123,8 +123,10 @@ const TURN_BYTES: usize = 4 << 20;
 /// What one `recv` asks for at a frame boundary, or for the short rest of a payload: small
 /// frames then cost a single system call, however many of them wait, where a header read and a
 /// payload read took two. A payload whose rest is larger is read straight into its buffer. The
-/// bytes land on the reading thread's stack, which may be a host program's small one.
-pub(super) const FEED_BYTES: usize = 8 << 10;
+/// bytes land on the reading thread's stack, which may be a host program's small one: 8 KiB,
+/// and a header, so that a frame of 8 KiB (a 2-rank alltoall of 16 KiB) takes one `recv`, not
+/// a second one for its last 64 bytes.
+pub(super) const FEED_BYTES: usize = (8 << 10) + HEADER_LEN;
 
 /// Largest payload of a control frame (goodbye, suspect, evict, mismatch): what the news of
 /// every rank of a large job takes, and no more.
