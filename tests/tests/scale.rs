@@ -98,8 +98,8 @@ fn a_job_of_128_ranks_over_tcp_starts_reduces_and_stops_with_no_false_failure() 
 fn a_rank_that_leaves_right_after_its_last_signal_on_a_new_link_is_not_taken_for_gone() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let env = [("HCCN_TRANSPORT", "tcp"), ("HCCN_FULL_MESH_UP_TO", "0")];
-    // About one job in four of 32 ranks failed before: 16 jobs all clean leave that to chance
-    // once in a hundred runs.
+    // Before the fix one job in four failed (2 of 8 here, and the first of these 16 when the
+    // fix was taken out): 16 clean jobs miss that once in a hundred runs.
     for _ in 0..16 {
         let out = launch::hccnrun(32, &probe(), &["--barrier-only"], &env, Duration::from_secs(30));
         check_clean(32, &out);

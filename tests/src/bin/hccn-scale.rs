@@ -1,7 +1,8 @@
 //! One rank of a scale probe under hccnrun, for tests/tests/scale.rs: init from the environment,
-//! barrier, one checked allreduce (not with `--barrier-only`: then a rank leaves right after
-//! its barrier, whose last signals may be a peer's first frames on a new link), then this process's threads, descriptors and peak RSS
-//! (/proc/self/task, /proc/self/fd, VmHWM) while the communicator is alive, then destroy.
+//! barrier, one checked allreduce (not with `--barrier-only`: then a rank leaves right after its
+//! barrier, whose last signals may be a peer's first frames on a new link), then this process's
+//! threads, descriptors and peak RSS (/proc/self/task, /proc/self/fd, VmHWM) while the
+//! communicator is alive, then destroy.
 //!
 //! Prints `rank r of n: SCALE threads=T fds=F rss_mb=M` on success; `FAIL ...` and exit 1 otherwise.
 
