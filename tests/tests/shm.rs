@@ -107,7 +107,7 @@ fn single_copy_reads_mapped_buffers_and_the_rings_give_identical_bits_with_2_3_4
             let mapped = format!("{}{}", out.stdout, out.stderr).contains("mapped a peer's shareable memory");
             assert_eq!(mapped, register, "{what}: peers map shareable buffers, and only those: {}", out.describe());
             let hashes = cma_hashes(&out, n, "", &what);
-            assert_eq!(hashes.len(), 6 * 9 * n as usize, "{what}: {}", out.describe());
+            assert_eq!(hashes.len(), 6 * 10 * n as usize, "{what}: {}", out.describe());
             results.push(hashes);
         }
         assert_eq!(results[0], results[1], "{n} ranks, HCCN_CHUNK_BYTES={chunk}: HCCN_CMA=off and auto differ");

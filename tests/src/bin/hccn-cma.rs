@@ -1,7 +1,7 @@
 //! Collectives whose chunks straddle and exceed the single-copy (CMA) threshold, printing a hash
 //! of every result's bits, so that a test can compare HCCN_CMA=off with auto bit for bit.
-//! Allgather (also in place, and allgatherv), alltoall, gather and scatter results are also
-//! checked exactly. Usage: hccnrun -n N
+//! Allgather (also in place, and allgatherv), broadcast, alltoall, gather and scatter results
+//! are also checked exactly. Usage: hccnrun -n N
 //! hccn-cma [--register]; with `--register` every buffer comes from `hccn_mem_alloc` (peers map
 //! it rather than read it with process_vm_readv). Prints `HASH op=.. count=.. bits=..` per
 //! operation and `WRONG n` at the end.
@@ -94,7 +94,20 @@ fn run(c: &CComm, count: usize, register: bool) -> Result<usize, (u32, String)> 
     println!("HASH op=allgather count={count} bits={:016x}", hash(&all));
     let b = block.max(1);
     let wrong = all.iter().enumerate().filter(|(i, v)| **v != value((i / b) as u32, i % b)).count();
-    Ok(wrong + allgathers(c, block, register)? + gathering(c, block, &send, register)?)
+    Ok(wrong + broadcast(c, count, register)? + allgathers(c, block, register)? + gathering(c, block, &send, register)?)
+}
+
+/// Broadcast of `count` floats from the middle rank; returns the wrong elements.
+fn broadcast(c: &CComm, count: usize, register: bool) -> Result<usize, (u32, String)> {
+    let (me, root) = (c.rank(), c.size() / 2);
+    let mut buf = buffer(count, register)?;
+    if me == root {
+        buf.iter_mut().enumerate().for_each(|(j, x)| *x = value(root, j));
+    }
+    // SAFETY: buf holds `count` floats and outlives the blocking call.
+    check(unsafe { hccn_broadcast(buf.as_mut_ptr().cast(), count as u64, FP32, root, c.comm, std::ptr::null_mut()) })?;
+    println!("HASH op=broadcast count={count} bits={:016x}", hash(&buf));
+    Ok(buf.iter().enumerate().filter(|(j, v)| **v != value(root, *j)).count())
 }
 
 /// Allgather in place and allgatherv of uneven blocks placed in reverse rank order (on one
