@@ -22,7 +22,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::placement::{self, here, Countdown};
-use super::shm::{demote, futex_wait, futex_wake, Backoff, Segment, Wait, DEMOTE_UP_TO, NAP};
+use super::shm::{demote, demote_small, futex_wait, futex_wake, Backoff, Segment, Wait, NAP};
 use crate::error::{Error, Result};
 use crate::wire::Fingerprint;
 
@@ -307,8 +307,8 @@ impl Board {
         // A large post is read at the speed of the copy, and pushing it out costs the writer.
         let slot = self.slot(me, turn);
         demote(self.at(slot));
-        if data.len() > INLINE && data.len() <= DEMOTE_UP_TO {
-            (LINE..LINE + data.len()).step_by(LINE).for_each(|at| demote(self.at(slot + at)));
+        if data.len() > INLINE {
+            demote_small(self.at(slot + LINE), data.len());
         }
         self.wake();
         Ok(())

@@ -54,7 +54,7 @@ pub(crate) use crate::transport::wait::{futex_wait, futex_wake, Backoff, Wait, N
 use cma::*;
 pub(crate) use handshake::handshake;
 use ring::Ring;
-pub(crate) use segment::{demote, host_id, HostId, Segment, DEMOTE_UP_TO};
+pub(crate) use segment::{demote, demote_small, host_id, HostId, Segment};
 
 /// Payload bytes per slot; a multiple of 16 so that pieces of a frame never split an element.
 const SLOT_DATA: usize = 64 << 10;

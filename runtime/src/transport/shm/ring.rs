@@ -153,8 +153,8 @@ impl Ring {
         self.seq(n).store(n + 1, Ordering::Release);
         // The consumer reads the header line next (and a small payload): see `demote`.
         demote(p);
-        if data.len() > INLINE && data.len() <= DEMOTE_UP_TO {
-            (0..data.len()).step_by(64).for_each(|at| demote(p.wrapping_add(SLOT_HEAD + at)));
+        if data.len() > INLINE {
+            demote_small(p.wrapping_add(SLOT_HEAD), data.len());
         }
     }
 

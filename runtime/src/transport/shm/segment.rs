@@ -67,7 +67,15 @@ impl Segment {
 /// Writes up to this size are pushed into the shared cache whole (see [`demote`]): a larger one
 /// is read at the speed of the copy, and pushing it out costs the writer (4 KiB board posts:
 /// broadcasts 40 % slower).
-pub(crate) const DEMOTE_UP_TO: usize = 256;
+const DEMOTE_UP_TO: usize = 256;
+
+/// [`demote`]s every line of the `len` bytes at `p` when they are few (see [`DEMOTE_UP_TO`]).
+#[inline(always)]
+pub(crate) fn demote_small(p: *const u8, len: usize) {
+    if len <= DEMOTE_UP_TO {
+        (0..len).step_by(64).for_each(|at| demote(p.wrapping_add(at)));
+    }
+}
 
 /// Pushes the cache line at `p` out of this core's private caches into the shared one, where
 /// another core's miss finds it sooner than in this core's (`cldemote`: a hint, a no-op on

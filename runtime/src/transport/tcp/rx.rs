@@ -1,10 +1,10 @@
 //! Reading a link's frames a piece at a time, without ever blocking: the progress engine
 //! (engine.rs) calls [`advance`] when the socket is readable and gets back to its other links
 //! when the bytes run out, so that a slow or stalled peer holds up no one but itself; a receive
-//! that polls its link calls it for one read (`TcpLink::pump`). What a
-//! frame half read so far is waits in [`Rx`]. Complete frames are filed here: data into the
-//! inbox, control frames (goodbye, suspicions, evictions, abandons, introductions, revokes)
-//! into the inbox's health, heartbeats only mark the link heard.
+//! that polls its link calls it for one read (`TcpLink::pump`). What a frame half read so far
+//! is waits in [`Rx`]. Complete frames are filed here: data into the inbox, control frames
+//! (goodbye, suspicions, evictions, abandons, introductions, revokes) into the inbox's health,
+//! heartbeats only mark the link heard.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
