@@ -302,6 +302,11 @@ pub(crate) trait Algorithm: Sync {
     fn gather(&self, _ctx: &Ctx<'_>, _w: &mut GatherArgs<'_>) -> Result<()> {
         Err(unsupported(self.name(), "gather"))
     }
+    /// Whether `gather` itself copies the own block of a rank that keeps the result when it is
+    /// out of place (`GatherArgs::own` not empty), rather than finding it in `recv` already.
+    fn gather_copies_own_block(&self) -> bool {
+        false
+    }
     fn reduce_scatter(&self, _ctx: &Ctx<'_>, _w: &mut ReduceScatterArgs<'_>) -> Result<()> {
         Err(unsupported(self.name(), "reduce_scatter"))
     }
@@ -341,7 +346,8 @@ pub(crate) struct CompressedArgs<'a> {
 /// non-roots of a gather, which send `own` instead.
 pub(crate) struct GatherArgs<'a> {
     /// This rank's block: the input of a non-root; of a rank that keeps the result, its input
-    /// when that is not in place (its copy is in `recv` already), else empty.
+    /// when that is not in place (its copy is in `recv` already unless the algorithm
+    /// [copies it itself](Algorithm::gather_copies_own_block)), else empty.
     pub own: &'a [u8],
     pub recv: &'a mut [u8],
     pub blocks: &'a [Block],
@@ -515,8 +521,10 @@ unsafe fn run(ctx: &Ctx<'_>, work: &Work, algo: &dyn Algorithm) -> Result<()> {
             let owns_result = root.is_none_or(|r| r == me);
             let (own, recv): (&[u8], &mut [u8]) = if owns_result {
                 let own_at = Ptr(recv.0.wrapping_add(blocks[me as usize].start));
-                // SAFETY: buffers per the contract stated above the match.
-                unsafe { copy(*send, own_at, *send_bytes) };
+                if !algo.gather_copies_own_block() {
+                    // SAFETY: buffers per the contract stated above the match.
+                    unsafe { copy(*send, own_at, *send_bytes) };
+                }
                 // SAFETY: buffers per the contract stated above the match.
                 let recv = unsafe { view_mut(*recv, span(blocks)) };
                 // Out of place the input goes on as well: peers read it from there rather than
