@@ -111,9 +111,55 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCN::run(c10::intrusive_ptr<WorkHCCN
     }
   }
   if (error) std::rethrow_exception(error);
-  // Done already, and the caller was going to wait at once: no Work, as c10d allows for
-  // operations a backend completed itself (torch's Python API then skips wait()).
-  return {};
+  return done_here(std::move(work), c10d::OpType::UNKNOWN, {});
+}
+
+// Done already, and the caller was going to wait at once: no Work, as c10d allows for operations
+// a backend completed itself (torch's Python API then skips wait()), unless a completion hook
+// needs one to name the operation by.
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCN::done_here(c10::intrusive_ptr<WorkHCCN> work, c10d::OpType type,
+                                                           const std::vector<at::Tensor>& outputs) {
+  if (!any_completion_hook_.load(std::memory_order_acquire)) return {};
+  if (!work) work = make_work(type, outputs);
+  work->complete(nullptr);
+  fire_completion_hooks(*work);
+  return work;
+}
+
+void ProcessGroupHCCN::fire_completion_hooks(const WorkHCCN& work) const {
+  std::shared_ptr<const CompletionHooks> hooks;
+  {
+    std::lock_guard<std::mutex> g(hooks_mutex_);
+    hooks = completion_hooks_;
+  }
+  if (!hooks) return;
+  c10d::CompletionHookArgs args;
+  args.completionKey = work.getCompletionKey();
+  for (const auto& entry : *hooks) {
+    try {
+      entry.second(args);
+    } catch (...) {
+      // A hook's failure is its own; the operation succeeded.
+    }
+  }
+}
+
+void ProcessGroupHCCN::registerCompletionHook(int64_t hook_id, c10d::CompletionHook hook) {
+  std::lock_guard<std::mutex> g(hooks_mutex_);
+  auto next = std::make_shared<CompletionHooks>(completion_hooks_ ? *completion_hooks_ : CompletionHooks{});
+  next->emplace_back(hook_id, std::move(hook));
+  completion_hooks_ = std::move(next);
+  any_completion_hook_.store(true, std::memory_order_release);
+}
+
+void ProcessGroupHCCN::unregisterCompletionHook(int64_t hook_id) {
+  std::lock_guard<std::mutex> g(hooks_mutex_);
+  if (!completion_hooks_) return;
+  auto next = std::make_shared<CompletionHooks>(*completion_hooks_);
+  next->erase(std::remove_if(next->begin(), next->end(), [&](const auto& e) { return e.first == hook_id; }),
+              next->end());
+  any_completion_hook_.store(!next->empty(), std::memory_order_release);
+  completion_hooks_ = next->empty() ? nullptr : std::shared_ptr<const CompletionHooks>(std::move(next));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCN::run_direct(c10d::OpType type, const std::vector<at::Tensor>& outputs,
@@ -125,7 +171,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCN::run_direct(c10d::OpType type, c
   if (async || pending_.load(std::memory_order_acquire) != 0)
     return enqueue_locked(main_stream(), make_work(type, outputs), issue);
   issue(nullptr);
-  return {};
+  return done_here(nullptr, type, outputs);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCN::enqueue_on(int recv_from, c10::intrusive_ptr<WorkHCCN> work,
@@ -188,6 +234,7 @@ void ProcessGroupHCCN::on_done(hccn_result status, void* completion) noexcept {
   } catch (...) {
     // A future callback's exception is the callback's own (c10 futures keep their errors).
   }
+  if (!error) group->fire_completion_hooks(work);
   std::lock_guard<std::mutex> g(group->retired_mutex_);
   group->retired_.push_back(std::move(done->work));
   group->any_retired_.store(true, std::memory_order_release);

@@ -6,7 +6,10 @@
 //   (opts.asyncOp is false: dist.all_reduce(t) without async_op) and nothing of this group is
 //   queued: no thread hand-off, and no Work (null, which c10d allows for an operation the
 //   backend completed itself). An operation on tensors hccn takes as they are (run_direct) does
-//   not even make one: no allocation, no std::function, one uncontended lock.
+//   not even make one: no allocation, no std::function, one uncontended lock. While a
+//   completion hook is registered (torch's FlightRecorderHook registers one), it returns a
+//   completed Work instead: the recorder retires an entry through its op's Work, and one left
+//   without would read as never finished in every dump.
 // - Otherwise queued on the group's hccn stream, followed by hccn_stream_add_callback: the
 //   stream's thread completes the Work and its future when the operation is done. No thread per
 //   operation; wait() sleeps on a condition variable. While the stream's thread waits for peers,
@@ -51,6 +54,11 @@ class ProcessGroupHCCN : public c10d::Backend {
   // plain loads instead of process_vm_readv. DDP allocates its gradient buckets here (unless
   // DDP_DISABLE_COMM_MEM is set), FSDP2 its all-gather buffers when asked to.
   bool supportsTensorAlloc(c10::DeviceIndex device) override { return device < 0; }
+  // Called with the Work's completion key when an operation succeeds (Hooks.hpp): on the caller's
+  // thread for one run there, on the stream's thread for one queued.
+  bool supportsCompletionHooks() const override { return true; }
+  void registerCompletionHook(int64_t hook_id, c10d::CompletionHook hook) override;
+  void unregisterCompletionHook(int64_t hook_id) override;
   at::Tensor allocateTensor(long size, at::TensorOptions options) override;
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
@@ -132,6 +140,11 @@ class ProcessGroupHCCN : public c10d::Backend {
   friend struct Completion;
 
   c10::intrusive_ptr<WorkHCCN> make_work(c10d::OpType type, std::vector<at::Tensor> outputs);
+  // What the caller gets for an operation done on its thread: nothing, or a completed Work
+  // (made from `type` and `outputs` unless given) while completion hooks are registered.
+  c10::intrusive_ptr<c10d::Work> done_here(c10::intrusive_ptr<WorkHCCN> work, c10d::OpType type,
+                                           const std::vector<at::Tensor>& outputs);
+  void fire_completion_hooks(const WorkHCCN& work) const;
   // Runs `issue` now on this thread (stream NULL) when the caller waits at once and nothing is
   // queued (and returns no Work), else queues it on the group's stream.
   c10::intrusive_ptr<c10d::Work> run(c10::intrusive_ptr<WorkHCCN> work, bool async, Issue issue);
@@ -176,6 +189,12 @@ class ProcessGroupHCCN : public c10d::Backend {
   std::mutex retired_mutex_;
   std::vector<c10::intrusive_ptr<WorkHCCN>> retired_;
   std::atomic<bool> any_retired_{false};  // retired_ is not empty (read without the lock)
+  // Completion hooks by id. Replaced, never changed in place, so that a completing thread calls
+  // a snapshot without the lock: a hook's owner may unregister it while holding its own lock.
+  using CompletionHooks = std::vector<std::pair<int64_t, c10d::CompletionHook>>;
+  mutable std::mutex hooks_mutex_;
+  std::shared_ptr<const CompletionHooks> completion_hooks_;
+  std::atomic<bool> any_completion_hook_{false};
   // Messages that arrived before the receive of their tag: [source][tag], in arrival order.
   // Each source's entry is touched only by that source's receive stream.
   std::vector<std::unordered_map<int64_t, std::deque<std::vector<uint8_t>>>> stash_;

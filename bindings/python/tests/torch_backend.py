@@ -6,6 +6,10 @@ are small integers (element j of rank r is a formula of r and j), exact in every
 rank knows the exact result.
 """
 
+import json
+import os
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -200,6 +204,27 @@ def groups():
             same(v, n - 1, "all_reduce on a split_group without the last rank")
 
 
+def flight_recorder():
+    # torch attaches its FlightRecorderHook to every group of an out-of-tree backend (unless
+    # TORCH_FR_BUFFER_SIZE=0). An operation that finished must read "completed" and retired in
+    # its dump: an entry left "scheduled" is how a dump shows a collective that never finished,
+    # and would blame this rank for a hang it had no part in. Everything above was waited for;
+    # the stream's thread reports a queued operation's completion just after waking its waiter,
+    # hence the short retry.
+    if os.environ.get("TORCH_FR_BUFFER_SIZE", os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")) == "0":
+        return
+    deadline = time.monotonic() + 10
+    while True:
+        entries = json.loads(torch._C._distributed_c10d._dump_fr_trace_json(backend="hccn")).get("entries", [])
+        open_ = [(e.get("profiling_name"), e.get("state"), e.get("retired")) for e in entries
+                 if e.get("state") != "completed" or not e.get("retired")]
+        if entries and not open_ or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert entries, f"rank {r}: the flight recorder holds no hccn entry"
+    assert not open_, f"rank {r}: {len(open_)} of {len(entries)} entries not completed: {open_[:5]}"
+
+
 def errors():
     # Refused arguments: hccn's InvalidArgumentError, which is also torch's DistBackendError, with
     # the code and a message that says what is wrong; the group keeps working.
@@ -229,6 +254,7 @@ coalesced()
 if n > 1:
     point_to_point()
 groups()
+flight_recorder()
 errors()
 dist.destroy_process_group()
 print(f"rank {r} of {n}: ok", flush=True)
