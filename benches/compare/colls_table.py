@@ -5,7 +5,9 @@ Usage: python3 colls_table.py DIR [--doc FILE --command CMD]
 Reads DIR/colls-{hccn,mpi}-{shm,tcp}-np{N}-sweep{K}.txt, the output of benches/compare/colls.c
 (one line per cell: "op bytes calls us_1 ... us_R ok|WRONG", possibly behind hccnrun's "[0] ").
 A cell's latency is the median of all its repetitions over the sweeps; its ratio is hccn's
-median over Open MPI's. Prints the tables; with --doc, also replaces the text between the
+median over Open MPI's. Under each transport's tables, the cells above 1.10 are sorted by cause
+(see `why`): a rooted call's round that Open MPI's root does not wait for, sweeps that disagree,
+or not explained. Prints all this; with --doc, also replaces the text between the
 markers below in FILE (appending a section with the markers when FILE has none).
 """
 import datetime
@@ -20,6 +22,16 @@ BEGIN = "<!-- compare:colls begin -->"
 END = "<!-- compare:colls end -->"
 OPS = ["allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "reduce", "gather", "scatter"]
 LOSE, LOSE_CLEARLY = 1.0, 1.10
+# Collectives whose data flows from or to one root: Open MPI's root returns once its data is sent
+# (or its blocks are in), hccn's every rank waits until it has seen that every rank's call matches
+# (the verification round of runtime/src/collectives/verify.rs, or one board round).
+ROOTED = ("broadcast", "reduce", "gather", "scatter")
+# An Open MPI rooted call cheaper than this share of its own allreduce of the same size did not
+# wait for a round.
+NO_ROUND = 0.7
+# hccn's extra time on such a call is put down to its round when it is at most this many times
+# hccn's smallest allreduce (one round, latency only).
+ROUND_SLACK = 1.5
 # A cell is unsteady when the ratio of one sweep and the other's differ by more than this factor.
 UNSTEADY = 1.15
 NAME = re.compile(r"colls-(hccn|mpi)-(shm|tcp)-np(\d+)-sweep(\d+)\.txt$")
@@ -86,9 +98,70 @@ def ratio_cell(h, m):
 
 def unsteady(h, m):
     """Whether the sweeps disagree: per-sweep ratios further apart than UNSTEADY."""
-    ratios = [statistics.median(h["by_sweep"][k]) / statistics.median(m["by_sweep"][k])
-              for k in h["by_sweep"] if k in m["by_sweep"]]
+    ratios = sweep_ratios(h, m)
     return len(ratios) > 1 and max(ratios) / min(ratios) > UNSTEADY
+
+
+def sweep_ratios(h, m):
+    return [statistics.median(h["by_sweep"][k]) / statistics.median(m["by_sweep"][k])
+            for k in h["by_sweep"] if k in m["by_sweep"]]
+
+
+def why(losers, h_cells, m_cells):
+    """Sorts the cells above LOSE_CLEARLY of one rank count by cause: [(n, op, bytes, cause, detail)].
+
+    "round": a rooted call where Open MPI's did not wait for a round (it cost less than NO_ROUND
+    of its own allreduce of that size) and hccn's extra time is about one round (at most
+    ROUND_SLACK times hccn's smallest allreduce); "noise": a sweep put the cell at or below
+    LOSE_CLEARLY; "open": neither."""
+    smallest = min((b for op, b in h_cells if op == "allreduce"), default=None)
+    med = lambda c: statistics.median(c["us"])
+    one_round = med(h_cells[("allreduce", smallest)]) if smallest is not None else None
+    out = []
+    for n, op, b, h, m in losers:
+        ma = m_cells.get(("allreduce", b))
+        no_round = op in ROOTED and ma is not None and med(m) < NO_ROUND * med(ma)
+        if no_round and one_round is not None and med(h) - med(m) <= ROUND_SLACK * one_round:
+            out.append((n, op, b, "round", (med(h) - med(m), one_round)))
+        elif min(sweep_ratios(h, m), default=LOSE_CLEARLY + 1) <= LOSE_CLEARLY:
+            out.append((n, op, b, "noise", sweep_ratios(h, m)))
+        else:
+            out.append((n, op, b, "open", (med(h), med(m))))
+    return out
+
+
+def causes(sorted_losers):
+    """Markdown bullets: why the cells above LOSE_CLEARLY lose, grouped by cause."""
+    if not sorted_losers:
+        return ""
+    name = lambda n, op, b: f"np{n} {op} {label(b)}"
+    lines = [f"Why the cells above {LOSE_CLEARLY:.2f} lose (sorted by `benches/compare/colls_table.py`):", ""]
+    for n in sorted({x[0] for x in sorted_losers if x[3] == "round"}):
+        rounds = [x for x in sorted_losers if x[3] == "round" and x[0] == n]
+        extra = [d[0] for *_, d in rounds]
+        lines.append(
+            f"- **np{n}: a round where Open MPI has none** ({len(rounds)}: "
+            + ", ".join(name(n, op, b) for n, op, b, *_ in rounds)
+            + f"). Open MPI's root returns once its data is sent, without hearing from the other ranks "
+            f"(each of these calls cost it less than {NO_ROUND} of its own allreduce of the same size). "
+            "An hccn rooted call ends only when the rank has seen that every rank made the same call "
+            "(`runtime/src/collectives/verify.rs`, or the board's one round), so that a mismatched call "
+            "fails on every rank (HCCN_ERROR_MISMATCH) instead of succeeding on some. hccn's extra time "
+            f"per call here, {fmt_us(min(extra))}–{fmt_us(max(extra))} µs, is about that round "
+            f"(its smallest allreduce: {fmt_us(rounds[0][4][1])} µs).")
+    noise = [x for x in sorted_losers if x[3] == "noise"]
+    if noise:
+        lines.append(
+            f"- **The sweeps disagree** ({len(noise)}): "
+            + ", ".join(f"{name(n, op, b)} ({' and '.join(f'{r:.2f}' for r in d)})" for n, op, b, _, d in noise)
+            + f"; one sweep put the cell at or below {LOSE_CLEARLY:.2f}.")
+    open_ = [x for x in sorted_losers if x[3] == "open"]
+    if open_:
+        lines.append(
+            f"- **Not explained here** ({len(open_)}): "
+            + ", ".join(f"{name(n, op, b)} ({fmt_us(d[0])} µs against {fmt_us(d[1])})" for n, op, b, _, d in open_)
+            + ".")
+    return "\n".join(lines)
 
 
 def tables(runs, transport):
@@ -100,13 +173,14 @@ def tables(runs, transport):
     head = ["hccn / Open MPI"] + [label(b) for b in sizes]
     ratio_rows, abs_rows = [], []
     counted = lose = lose_clearly = shaky = 0
-    bad = []
+    bad, sorted_losers = [], []
     for n in ns:
         h_cells, m_cells = runs[("hccn", transport, n)], runs[("mpi", transport, n)]
         for op in OPS:
             if not any((op, b) in h_cells or (op, b) in m_cells for b in sizes):
                 continue
             row, hrow, mrow = [f"np{n} {op}"], [f"np{n} {op} hccn"], [f"np{n} {op} Open MPI"]
+            losers = []
             for b in sizes:
                 h, m = h_cells.get((op, b)), m_cells.get((op, b))
                 text, r = ratio_cell(h, m)
@@ -116,6 +190,8 @@ def tables(runs, transport):
                     counted += 1
                     lose += r > LOSE
                     lose_clearly += r > LOSE_CLEARLY
+                    if r > LOSE_CLEARLY:
+                        losers.append((n, op, b, h, m))
                     if unsteady(h, m):
                         shaky += 1
                         text += "~"
@@ -124,12 +200,14 @@ def tables(runs, transport):
                 mrow.append(fmt_us(statistics.median(m["us"])) if m else "-")
             ratio_rows.append(row)
             abs_rows += [hrow, mrow]
+            sorted_losers += why(losers, h_cells, m_cells)
     summary = (f"{lose_clearly} of {counted} cells above {LOSE_CLEARLY:.2f} (bold), {lose} above "
                f"{LOSE:.1f} (bold or italic); {shaky} marked ~ where the sweeps' own ratios differ "
                f"by more than {round((UNSTEADY - 1) * 100)} %.")
     if bad:
         summary += " Not compared: " + "; ".join(bad) + "."
-    return markdown(head, ratio_rows), markdown(["latency µs"] + [label(b) for b in sizes], abs_rows), summary
+    absolute = markdown(["latency µs"] + [label(b) for b in sizes], abs_rows)
+    return markdown(head, ratio_rows), absolute, summary, causes(sorted_losers)
 
 
 def git(*args):
@@ -182,8 +260,10 @@ def section(runs, d, command):
         t = tables(runs, transport)
         if t is None:
             continue
-        ratio, absolute, summary = t
+        ratio, absolute, summary, why_lost = t
         out += [f"**{title}:** {summary}", "", ratio, "", "Latencies (µs, median):", "", absolute, ""]
+        if why_lost:
+            out += [why_lost, ""]
     out.append(END)
     return "\n".join(out)
 
