@@ -60,7 +60,7 @@ pub const VARIABLES: &[Variable] = &[
     Variable { name: "HCCN_TRACE", default: DefaultIs::Text("(off)"), meaning: "Directory where each rank writes a Chrome trace-event file `hccn-trace-<job>-<rank>.json` (one event per operation and per transfer); see docs/observability.md." },
     Variable { name: "HCCN_TRANSPORT", default: DefaultIs::Value(|c| c.transport.name().to_owned()), meaning: "Data transport between ranks: `auto` (shared memory between ranks on one host, TCP between hosts), `tcp` (TCP everywhere), `shm` (shared memory, and an error if a peer is on another host). TCP always stays for control and failure detection." },
     Variable { name: "HCCN_BOARD_BYTES", default: DefaultIs::Value(|c| c.board_bytes.to_string()), meaning: "Largest post (in bytes) of a collective that a communicator whose ranks all share one host runs on its shared-memory board: one round in which each rank posts what it contributes (an allreduce its buffer, an allgather its block, an alltoall its whole input) and reads what it needs of everyone's (see docs/algorithms.md); `0` sends every collective as messages. At most 4096." },
-    Variable { name: "HCCN_CMA", default: DefaultIs::Value(|c| if c.cma { "auto" } else { "off" }.to_owned()), meaning: "Single-copy reads of large shared-memory messages with `process_vm_readv` (cross-memory attach): `auto` (used between two ranks when a probe at connection shows the kernel permits it, and, where the host's ranks outnumber its cores, only for buffers from `hccn_mem_alloc`) or `off` (every byte goes through the shared-memory rings)." },
+    Variable { name: "HCCN_CMA", default: DefaultIs::Value(|c| c.cma.name().to_owned()), meaning: "Single-copy reads of large shared-memory messages with `process_vm_readv` (cross-memory attach): `auto` (used between two ranks when a probe at connection shows the kernel permits it and a read costs this host at most two copies, measured once per process; where the host's ranks outnumber its cores, only for buffers from `hccn_mem_alloc`, which are read with plain loads whatever a read costs), `on` (wherever the kernel permits, whatever a read costs) or `off` (every byte goes through the shared-memory rings)." },
     Variable { name: "HCCN_LOG", default: DefaultIs::Value(|c| c.log.clone()), meaning: "Log filter: a level (`off`, `error`, `warn`, `info`, `debug`, `trace`) or a comma-separated list of levels and `target=level` items (tracing's syntax); any other value is refused. Logs go to stderr." },
     Variable { name: "HCCN_BACKEND", default: DefaultIs::Value(|c| c.backend.name().to_owned()), meaning: "Data path of new communicators: `native` (hccn's TCP runtime) or `hccl` (Huawei HCCL on Ascend NPUs, loaded at run time; see docs/hccl.md)." },
     Variable { name: "HCCN_HCCL_LIB", default: DefaultIs::Text("(search)"), meaning: "Path of `libhccl.so` for `HCCN_BACKEND=hccl`; else `$ASCEND_HOME_PATH/lib64`, `$ASCEND_TOOLKIT_HOME/lib64`, then the loader's search path." },
@@ -72,6 +72,29 @@ pub const VARIABLES: &[Variable] = &[
 /// Largest frame payload a peer may send; any larger header closes the connection.
 pub const MAX_CHUNK_BYTES: usize = 8 << 20;
 const MIN_CHUNK_BYTES: usize = 4 << 10;
+
+/// Whether large shared-memory messages may be read once, across processes (`HCCN_CMA`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Cma {
+    /// Where the kernel permits it, and where such a read costs this host no more than the
+    /// copies through the rings it saves (measured once per process); buffers from
+    /// `hccn_mem_alloc`, read with plain loads, wherever the kernel permits.
+    #[default]
+    Auto,
+    /// Wherever the kernel permits it, whatever it costs.
+    On,
+    Off,
+}
+
+impl Cma {
+    pub fn name(self) -> &'static str {
+        match self {
+            Cma::Auto => "auto",
+            Cma::On => "on",
+            Cma::Off => "off",
+        }
+    }
+}
 
 /// Which transport carries data between ranks of one host (`HCCN_TRANSPORT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -130,8 +153,8 @@ pub struct Config {
     pub transport: Transport,
     /// `HCCN_LINK_COST`: where the cost model's link figures come from.
     pub link_cost: LinkCostSource,
-    /// `HCCN_CMA`: may large shared-memory messages be read with process_vm_readv?
-    pub cma: bool,
+    /// `HCCN_CMA`: may large shared-memory messages be read once, across processes?
+    pub cma: Cma,
     /// `HCCN_BOARD_BYTES`: the largest post of a collective that goes to the shared-memory board.
     pub board_bytes: usize,
     /// `HCCN_ETCD_*`: TLS and login for `etcd://` stores.
@@ -276,7 +299,7 @@ impl Default for Config {
             device_id: None,
             transport: Transport::Auto,
             link_cost: LinkCostSource::Measure,
-            cma: true,
+            cma: Cma::Auto,
             board_bytes: crate::tuning::BOARD_BYTES,
             etcd: EtcdAccess::default(),
         }
@@ -397,9 +420,10 @@ impl Config {
         }
         if let Some(v) = get("HCCN_CMA") {
             c.cma = match v.trim() {
-                "auto" | "" => true,
-                "off" => false,
-                _ => return Err(Error::invalid(format!("HCCN_CMA={v:?} is not auto or off"))),
+                "auto" | "" => Cma::Auto,
+                "on" => Cma::On,
+                "off" => Cma::Off,
+                _ => return Err(Error::invalid(format!("HCCN_CMA={v:?} is not auto, on or off"))),
             };
         }
         if let Some(v) = get("HCCN_LOG") {
@@ -601,10 +625,11 @@ mod tests {
 
     #[test]
     fn cma_choice() {
-        assert!(Config::default().cma);
-        assert_eq!(Config::from_lookup(lookup(&[("HCCN_CMA", "off")])).map(|c| c.cma).ok(), Some(false));
-        assert_eq!(Config::from_lookup(lookup(&[("HCCN_CMA", "auto")])).map(|c| c.cma).ok(), Some(true));
-        let e = Config::from_lookup(lookup(&[("HCCN_CMA", "on")])).err().map(|e| e.to_string());
+        assert_eq!(Config::default().cma, Cma::Auto);
+        assert_eq!(Config::from_lookup(lookup(&[("HCCN_CMA", "off")])).map(|c| c.cma).ok(), Some(Cma::Off));
+        assert_eq!(Config::from_lookup(lookup(&[("HCCN_CMA", "auto")])).map(|c| c.cma).ok(), Some(Cma::Auto));
+        assert_eq!(Config::from_lookup(lookup(&[("HCCN_CMA", "on")])).map(|c| c.cma).ok(), Some(Cma::On));
+        let e = Config::from_lookup(lookup(&[("HCCN_CMA", "always")])).err().map(|e| e.to_string());
         assert!(e.is_some_and(|m| m.contains("HCCN_CMA")));
     }
 

@@ -32,9 +32,11 @@ fn sigkill_mid_allreduce_fails_survivors_within_two_seconds() {
 
 #[test]
 fn sigkill_mid_a_single_copy_ring_allreduce_fails_survivors_within_two_seconds() {
-    // 64 MiB over the ring: every chunk goes by descriptor, read from the sender's memory.
+    // 64 MiB over the ring: every chunk goes by descriptor, read from the sender's memory
+    // (HCCN_CMA=on: whatever a read costs this host).
     for n in [2u32, 4] {
-        let out = sigkill_mid_allreduce(n, &[("HCCN_ALGO", "ring"), ("HCCN_LOG", "hccn_runtime::transport=info")]);
+        let env = [("HCCN_ALGO", "ring"), ("HCCN_CMA", "on"), ("HCCN_LOG", "hccn_runtime::transport=info")];
+        let out = sigkill_mid_allreduce(n, &env);
         let all = format!("{}{}", out.stdout, out.stderr);
         assert!(all.contains("cma=true"), "no single-copy link: {}", out.describe());
     }
@@ -69,15 +71,16 @@ fn sigkill_amid_mid_sized_collectives_of_every_kind_fails_survivors_within_two_s
 
 #[test]
 fn sigkill_amid_large_collectives_of_every_kind_fails_survivors_within_two_seconds() {
-    // Blocks of 256 KiB: alltoall's and scatter's go by descriptor (read in place) even where
-    // the ranks share cores, the rings' chunks through the rings; a reader of a dead sender's
-    // memory, and a sender waiting for a dead reader, must fail.
+    // Blocks of 256 KiB: alltoall's and scatter's go by descriptor (read in place; HCCN_CMA=on,
+    // whatever a read costs this host) even where the ranks share cores, the rings' chunks
+    // through the rings; a reader of a dead sender's memory, and a sender waiting for a dead
+    // reader, must fail.
     for n in [3u32, 4] {
-        sigkill_mid(n, "kill-large-every-kind", &[]);
+        sigkill_mid(n, "kill-large-every-kind", &[("HCCN_CMA", "on")]);
     }
     // Blocks of 8 MiB: a step starts more sends than `Sends` holds and waits for the oldest
     // amid the step, on a reader that may be dead.
-    sigkill_mid(2, "kill-huge-every-kind", &[]);
+    sigkill_mid(2, "kill-huge-every-kind", &[("HCCN_CMA", "on")]);
 }
 
 /// The last of `n` ranks SIGKILLs itself in a large allreduce: every survivor must report the

@@ -229,8 +229,8 @@ impl<'a> Ctx<'a> {
     }
 
     /// Starts sending `data` to `to`; the send completes when [`Ctx::wait_sends`] returns. A large
-    /// chunk to a same-host peer is read by the peer straight from `data` (which is why the
-    /// borrow lasts until then); anything else is sent before this returns.
+    /// chunk to a same-host peer may be read by the peer straight from `data` (which is why the
+    /// borrow lasts until then; see `Shm::single_copy`); anything else is sent before this returns.
     pub fn send_start<'d>(
         &self,
         sends: &mut Sends<'d>,

@@ -1,7 +1,8 @@
 //! Linear gather and scatter: the root exchanges one block directly with every other rank.
 //! Bytes on the wire: the root moves (n-1) blocks, every other rank one. On one host the
-//! receiver reads large blocks straight from the sender's buffer (one copy, not two through a
-//! ring): the sender of each block waits until it is read, and the receiver is reading it.
+//! receiver reads large blocks straight from the sender's buffer where such a read pays (one
+//! copy, not two through a ring, `Shm::single_copy`): the sender of each block waits until it
+//! is read, and the receiver is reading it.
 //! The root of a scatter offers the blocks before it waits, copying its own beside them, so
 //! that its receivers read at once, also where ranks share cores (they only store). The root of
 //! a gather reads every block itself, one sender after another: there the senders' copies into

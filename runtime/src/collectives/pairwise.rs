@@ -1,8 +1,8 @@
 //! Pairwise exchange for alltoall(v), and allgather(v) on one host: in step s (1..n) rank r
 //! sends its block for r+s and receives the block from r-s, so every pair talks exactly once
 //! and no rank is a hot spot. Bytes on the wire per rank: the sum of its blocks for other
-//! ranks. On one host the receiver reads large chunks straight from the sender's buffer (one
-//! copy instead of two through a ring); a step ends once its own receives are done and its
+//! ranks. On one host the receiver reads large chunks straight from the sender's buffer where
+//! such a read pays (one copy instead of two through a ring, `Shm::single_copy`); a step ends once its own receives are done and its
 //! sends have been read.
 //!
 //! An allgather sends its own block to every peer this way. Each block is read where its owner

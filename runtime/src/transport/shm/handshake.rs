@@ -45,10 +45,11 @@ pub(crate) fn handshake(
             ));
         }
     }
-    let pids = agree_cma(socks, &links, cfg.cma)?;
+    let pids = agree_cma(socks, &links, cfg.cma != Cma::Off)?;
     for (link, pid) in links.iter_mut().zip(pids) {
         if let Some(l) = link {
             l.cma_pid = pid;
+            l.reads_pay = pid.is_some() && (cfg.cma == Cma::On || reads_pay());
         }
     }
     Ok(hosts.into_iter().map(|(host, _)| host).zip(links).collect())

@@ -43,7 +43,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use super::{Flow, Frame, Health, Inbox, Key};
-use crate::config::{Config, Transport, MAX_CHUNK_BYTES};
+use crate::config::{Cma, Config, Transport, MAX_CHUNK_BYTES};
 use crate::error::{Error, ErrorKind, Result};
 use crate::mem::{PeerMaps, RegionRef};
 use crate::transport::placement::{self, here, Countdown};
@@ -140,6 +140,10 @@ pub(crate) struct ShmPeer {
     rx_state: Mutex<RxState>,
     /// The peer's process id when both sides may read each other's memory (CMA).
     cma_pid: Option<i32>,
+    /// Whether frames to the peer may go by descriptor for a `process_vm_readv`, which costs
+    /// more than the copies it saves on some hosts (see [`reads_pay`]); a frame in shareable
+    /// memory, read with plain loads, may whenever `cma_pid` is known.
+    reads_pay: bool,
 }
 
 // SAFETY: the raw ring pointers point into `_seg`, which lives as long as the peer and is
@@ -160,6 +164,7 @@ impl ShmPeer {
             tx_lock: Mutex::new(TxState::default()),
             rx_state: Mutex::new(RxState::default()),
             cma_pid: None,
+            reads_pay: false,
         }
     }
 }
@@ -288,27 +293,28 @@ impl Shm {
     }
 
     /// True when `payload` should go to `rank` by descriptor, for the receiver to read once,
-    /// rather than be copied through the ring. Where the host's ranks outnumber its cores, a
-    /// frame its receiver combines on arrival does only when it lies in shareable memory (read
-    /// in place): there a receiver's `process_vm_readv` (which pins the sender's pages) while
-    /// it reduces and its sender waits cost more than two copies made by both sides through the
-    /// ring's cached slots (measured when every frame went that way, 4 ranks on 2 cores: the
-    /// ring allreduce 1.6-2x slower from 1 to 64 MiB); a frame only stored does anyway (4 ranks
-    /// on 2 cores: alltoall of 256 KiB 47-56 us against 72, 1 MiB 240-300 against 375; allgather
-    /// of 1 MiB 750-865 against 1,120-1,240; see docs/algorithms.md). Ranks bound to a core
-    /// each (`--bind-to core`) have a core apiece: there the single copy wins (2 bound ranks,
-    /// 1 MiB alltoall 72-81 us against 150 by the ring, 4 MiB allreduce 690-707 against 860-920).
-    /// A frame collected beside other work (a gather's root) takes the ring from
-    /// [`COLLECTED_RING_MIN`] there too.
+    /// rather than be copied through the ring. A payload in shareable memory the receiver maps
+    /// always does: it is read with plain loads. Otherwise the receiver's `process_vm_readv`
+    /// (which pins the sender's pages) must pay on this host ([`reads_pay`]: on the 2-core
+    /// development VM it costs 3-4 copies, and 2 bound ranks ran allreduces of 1-16 MiB 1.5-2x
+    /// faster, scatters of 1 MiB 3x, through the rings). Where the host's ranks outnumber its
+    /// cores, a frame its receiver combines on arrival never goes by a read: a receiver's read
+    /// while it reduces and its sender waits cost more than two copies made by both sides
+    /// through the ring's cached slots (4 ranks on 2 cores: the ring allreduce 1.6-2x slower
+    /// from 1 to 64 MiB); a frame only stored does (there: alltoall of 256 KiB 47-56 us against
+    /// 72, allgather of 1 MiB 750-865 against 1,120-1,240, on a host where reads paid). A frame
+    /// collected beside other work (a gather's root) takes the ring from
+    /// [`COLLECTED_RING_MIN`].
     pub fn single_copy(&self, rank: u32, payload: &[u8], flow: Flow) -> bool {
-        let in_place = || crate::mem::find(payload.as_ptr() as usize, payload.len()).is_some();
+        let Some(p) = self.peer(rank).filter(|p| p.cma_pid.is_some()) else { return false };
         let own_core = !self.wait.shares_cores();
-        self.cma(rank)
+        let by_read = p.reads_pay
             && match flow {
                 Flow::Stored => true,
-                Flow::Combined => own_core || in_place(),
-                Flow::Collected => (own_core && payload.len() < COLLECTED_RING_MIN) || in_place(),
-            }
+                Flow::Combined => own_core,
+                Flow::Collected => own_core && payload.len() < COLLECTED_RING_MIN,
+            };
+        by_read || crate::mem::find(payload.as_ptr() as usize, payload.len()).is_some()
     }
 }
 

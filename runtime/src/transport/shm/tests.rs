@@ -63,6 +63,7 @@ fn handshake_among(
             .enumerate()
             .map(|(me, mut mine)| {
                 let (transport, cma) = allow(me as u32);
+                let cma = if cma { Cma::Auto } else { Cma::Off };
                 let cfg = Config { transport, cma, timeout: Duration::from_secs(10), ..Config::default() };
                 s.spawn(move || {
                     mine.sort_by_key(|(p, _)| *p);
@@ -130,6 +131,7 @@ fn pair(send_cma: bool, recv_cma: bool) -> (Shm, Shm) {
     let mut b = ShmPeer::new(b, false);
     a.cma_pid = send_cma.then_some(me);
     b.cma_pid = recv_cma.then_some(me);
+    (a.reads_pay, b.reads_pay) = (send_cma, recv_cma);
     (Shm::new(0, vec![None, Some(a)], 2), Shm::new(1, vec![Some(b), None], 2))
 }
 
@@ -319,4 +321,25 @@ fn a_connection_that_reached_another_rank_than_meant_is_refused() {
     // Rank 1 did get rank 0, as it expected: its side is sound, and rank 0's failed init is a
     // failure it sees on that link.
     assert!(acceptor.is_none(), "rank 1 refused the rank it expected: {acceptor:?}");
+}
+
+#[test]
+fn a_frame_goes_by_descriptor_only_where_a_read_pays_or_its_memory_is_mapped() {
+    let heap = vec![7u8; CMA_MIN];
+    let mut shared = crate::mem::SharedBuf::new(CMA_MIN).expect("alloc");
+    shared.fill(7);
+    let (pays, _rx) = pair(true, true);
+    assert!(pays.single_copy(1, &heap, Flow::Stored), "a read that pays");
+    let (mut costly, _rx) = pair(true, true);
+    if let Some(p) = costly.peers[1].get_mut() {
+        p.reads_pay = false;
+    }
+    for flow in [Flow::Stored, Flow::Combined, Flow::Collected] {
+        assert!(!costly.single_copy(1, &heap, flow), "{flow:?}: heap memory, a read that costs more than it saves");
+        assert!(costly.single_copy(1, &shared, flow), "{flow:?}: mapped memory is read with plain loads");
+    }
+    let (refused, _rx) = pair(false, false);
+    assert!(!refused.single_copy(1, &shared, Flow::Stored), "no reads agreed, not even of mapped memory");
+    // Measured once per process: the same verdict every time.
+    assert_eq!(reads_pay(), reads_pay());
 }
