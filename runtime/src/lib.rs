@@ -32,7 +32,7 @@ pub use error::{Error, ErrorKind, Result};
 pub use fusion::Bucket;
 pub use rendezvous::{StoreAddr, StoreServer, UniqueId};
 pub use stream::{Event, Stream};
-pub use transport::Usage;
+pub use transport::{read_cost, ReadCost, Usage};
 pub use types::{DataType, ReduceOp};
 
 /// Version as MAJOR*10000 + MINOR*100 + PATCH, from the crate version.

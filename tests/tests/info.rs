@@ -28,6 +28,9 @@ fn three_ranks_on_one_host() {
         let bw: f64 = cols[5].parse().expect("bandwidth");
         assert!(lat > 0.0 && lat < 1e6 && bw > 0.0, "{link}");
     }
+    // Rank 0 measured what a single-copy read costs its host (HCCN_CMA=auto), and says it.
+    let reads = lines.iter().find(|l| l.starts_with("# single-copy reads")).expect("the single-copy line");
+    assert!(reads.contains(" us against a ") && reads.contains(" us copy: "), "{reads}");
     // What these ranks would run: the board for every small collective of this one-host
     // communicator, the cost model's message algorithms past HCCN_BOARD_BYTES.
     let known = ["board", "rd", "rhd", "ring", "ring_compressed", "tree", "linear", "pairwise", "dissemination"];

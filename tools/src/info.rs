@@ -7,7 +7,7 @@ use std::io::{self, Write};
 use std::time::Instant;
 
 use hccn_runtime::collectives::select;
-use hccn_runtime::{Communicator, DataType, Op, Ptr, ReduceOp};
+use hccn_runtime::{Communicator, DataType, Op, Ptr, ReadCost, ReduceOp};
 
 type Res<T> = hccn_runtime::Result<T>;
 
@@ -142,8 +142,24 @@ fn size_label(b: usize) -> String {
 /// The algorithm a collective (an `Op::name`) over a buffer of so many bytes would run with.
 pub type Planner<'a> = &'a dyn Fn(&str, usize) -> Option<&'static str>;
 
-/// The report rank 0 prints; `plan` says what this communicator would run.
-pub fn report(hosts: &[String], links: &[f64], plan: Planner<'_>) -> Vec<String> {
+/// The line on single-copy reads of shared-memory links: what one cost rank 0, if it measured.
+fn reads_line(reads: Option<ReadCost>) -> String {
+    match reads {
+        Some(c) if c.read_us.is_finite() => format!(
+            "# single-copy reads (process_vm_readv, 256 KiB) on rank 0's host: {:.1} us against a {:.1} us copy: {}",
+            c.read_us,
+            c.copy_us,
+            if c.pays { "used for large chunks" } else { "not worth the two copies it saves, large heap chunks go through the rings (hccn_mem_alloc buffers are still read in place)" }
+        ),
+        Some(_) => "# single-copy reads: this process could not read its own memory; the rings only".to_owned(),
+        None => "# single-copy reads: not measured (no shared-memory peer, the kernel forbids them, or HCCN_CMA is on or off)"
+            .to_owned(),
+    }
+}
+
+/// The report rank 0 prints; `plan` says what this communicator would run; `reads`, what a
+/// single-copy read cost rank 0.
+pub fn report(hosts: &[String], links: &[f64], plan: Planner<'_>, reads: Option<ReadCost>) -> Vec<String> {
     let n = hosts.len() as u32;
     let mut by_host: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for (r, h) in hosts.iter().enumerate() {
@@ -162,6 +178,7 @@ pub fn report(hosts: &[String], links: &[f64], plan: Planner<'_>) -> Vec<String>
         let transport = TRANSPORTS.get(links[3 * k + 2] as usize).copied().unwrap_or("tcp");
         out.push(format!("{:<12} {:<10} {lat:>12.1} {bw:>12.3}", format!("{i} <-> {j}"), transport));
     }
+    out.push(reads_line(reads));
     out.push(format!(
         "# algorithm per operation and buffer size on these {n} ranks (the board, then the cost model of select.rs)"
     ));
@@ -189,7 +206,7 @@ fn run(resources_only: bool) -> Result<(), String> {
         let hosts = all_hostnames(comm).map_err(failed("host name exchange"))?;
         let links = measure_links(comm).map_err(failed("link measurement"))?;
         let plan = |op: &str, bytes: usize| comm.plan(op, bytes).ok().flatten().map(|(algo, _)| algo);
-        lines = report(&hosts, &links, &plan);
+        lines = report(&hosts, &links, &plan, hccn_runtime::read_cost());
     }
     let usage = crate::resources::measure(comm).map_err(failed("resource count"))?;
     lines.extend(crate::resources::report(&usage));
@@ -233,7 +250,9 @@ mod tests {
     fn report_groups_ranks_by_host_and_lists_every_pair() {
         let hosts: Vec<String> = ["a", "b", "a"].iter().map(|s| s.to_string()).collect();
         let plan = |op: &str, bytes: usize| hccn_runtime::collectives::select::algorithm_name(op, bytes, 3);
-        let r = report(&hosts, &[1.0, 2.0, 1.0, 3.0, 4.0, 0.0, 5.0, 6.0, 0.0], &plan);
+        let reads = Some(ReadCost { read_us: 31.0, copy_us: 7.5, pays: false });
+        let r = report(&hosts, &[1.0, 2.0, 1.0, 3.0, 4.0, 0.0, 5.0, 6.0, 0.0], &plan, reads);
+        assert!(r.iter().any(|l| l.contains("31.0 us against a 7.5 us copy: not worth")), "{r:#?}");
         assert!(r.iter().any(|l| l.starts_with("a ") && l.ends_with("2  0,2")), "{r:#?}");
         assert!(r.iter().any(|l| l.starts_with("1 <-> 2") && l.contains("tcp")), "{r:#?}");
         assert!(r.iter().any(|l| l.starts_with("0 <-> 1") && l.contains("shm")), "{r:#?}");

@@ -86,40 +86,58 @@ const READ_PAYS_UP_TO_COPIES: f64 = 2.0;
 /// nothing of the kernel).
 const MEASURE_ROUNDS: usize = 5;
 
+/// What a `process_vm_readv` of [`CMA_PIECE`] bytes cost this process, against a copy of them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReadCost {
+    pub read_us: f64,
+    pub copy_us: f64,
+    /// At most [`READ_PAYS_UP_TO_COPIES`] copies: heap chunks go by descriptor.
+    pub pays: bool,
+}
+
+static READ_COST: OnceLock<ReadCost> = OnceLock::new();
+
+/// This process's [`ReadCost`], if it measured one (under `HCCN_CMA=auto`, once a shared-memory
+/// link agreed on single-copy reads).
+pub fn read_cost() -> Option<ReadCost> {
+    READ_COST.get().copied()
+}
+
 /// Whether a `process_vm_readv` costs this host at most [`READ_PAYS_UP_TO_COPIES`] copies of the
 /// same bytes ([`CMA_PIECE`], the piece a receiver reads at once). Measured once per process,
 /// on its own memory (the kernel pins and copies the pages as it does a peer's): about 0.2 ms.
 /// On the 2-core development VM a read took 31 us where a copy took 7.5 (8.5 against 30 GB/s
 /// from 256 KiB to 4 MiB), so reads do not pay there.
 pub(super) fn reads_pay() -> bool {
-    static PAYS: OnceLock<bool> = OnceLock::new();
-    *PAYS.get_or_init(|| {
-        let src = vec![1u8; CMA_PIECE];
-        let mut dst = vec![2u8; CMA_PIECE];
-        let (mut copy, mut read) = (f64::INFINITY, f64::INFINITY);
-        for _ in 0..MEASURE_ROUNDS {
-            let t = Instant::now();
-            dst.copy_from_slice(std::hint::black_box(&src));
-            std::hint::black_box(&mut dst);
-            copy = copy.min(t.elapsed().as_secs_f64());
-            let t = Instant::now();
-            if let Err(e) = cma_read(std::process::id() as i32, src.as_ptr() as u64, &mut dst) {
-                tracing::debug!("process_vm_readv of this process's own memory failed ({e}): no reads");
-                return false;
-            }
-            read = read.min(t.elapsed().as_secs_f64());
+    READ_COST.get_or_init(measure_reads).pays
+}
+
+fn measure_reads() -> ReadCost {
+    let src = vec![1u8; CMA_PIECE];
+    let mut dst = vec![2u8; CMA_PIECE];
+    let (mut copy, mut read) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..MEASURE_ROUNDS {
+        let t = Instant::now();
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&mut dst);
+        copy = copy.min(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        if let Err(e) = cma_read(std::process::id() as i32, src.as_ptr() as u64, &mut dst) {
+            tracing::debug!("process_vm_readv of this process's own memory failed ({e}): no reads");
+            return ReadCost { read_us: f64::INFINITY, copy_us: copy * 1e6, pays: false };
         }
-        let pays = read <= READ_PAYS_UP_TO_COPIES * copy;
-        tracing::info!(
-            target: "hccn_runtime::transport",
-            read_us = read * 1e6,
-            copy_us = copy * 1e6,
-            pays,
-            "single-copy reads of {} KiB measured against a copy (HCCN_CMA=on reads whatever they cost)",
-            CMA_PIECE >> 10
-        );
-        pays
-    })
+        read = read.min(t.elapsed().as_secs_f64());
+    }
+    let cost = ReadCost { read_us: read * 1e6, copy_us: copy * 1e6, pays: read <= READ_PAYS_UP_TO_COPIES * copy };
+    tracing::info!(
+        target: "hccn_runtime::transport",
+        read_us = cost.read_us,
+        copy_us = cost.copy_us,
+        pays = cost.pays,
+        "single-copy reads of {} KiB measured against a copy (HCCN_CMA=on reads whatever they cost)",
+        CMA_PIECE >> 10
+    );
+    cost
 }
 
 /// True when this process may read `pid`'s memory and finds `expect` at `addr`.

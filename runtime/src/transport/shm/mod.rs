@@ -52,6 +52,7 @@ use crate::wire::{FrameHeader, FrameKind, HEADER_LEN};
 pub(crate) use crate::transport::sink::{Out, Sink, WritePiece};
 pub(crate) use crate::transport::wait::{futex_wait, futex_wake, Backoff, Wait, NAP};
 use cma::*;
+pub use cma::{read_cost, ReadCost};
 pub(crate) use handshake::handshake;
 use ring::Ring;
 pub(crate) use segment::{demote, demote_small, host_id, HostId, Segment};
