@@ -11,15 +11,16 @@
 //! wait (another communicator, stream or sequence number) is moved to the inbox for it.
 //!
 //! Large frames can skip the ring's copy (CMA): when a probe at the handshake shows that both
-//! processes may read each other's memory with `process_vm_readv` (pid namespaces, ptrace policy
-//! or seccomp may forbid it; `HCCN_CMA=off` does), a sender that can wait for completion
-//! ([`Shm::send_desc`], used by the pipelined ring) writes a one-slot descriptor of its buffer
-//! instead of the payload. The receiver reads the payload from the sender's memory (with plain
-//! loads when it lies in shareable memory the receiver has mapped, see `mem.rs`) and hands it to
-//! its sink, then acknowledges it in the control block; the sender leaves its buffer alone until
-//! then ([`Shm::wait_sent`]), or withdraws what was not read yet when its operation fails
-//! ([`Shm::withdraw`]). Plain sends always use the ring: a sender blocked until its receiver
-//! reads could wait in a cycle of ranks that all send first.
+//! processes may read each other's memory with `process_vm_readv` (pid namespaces, ptrace policy or
+//! seccomp may forbid it; `HCCN_CMA=off` does), and such a read costs this host less than the
+//! copies it saves or the frame lies in memory the receiver maps ([`Shm::single_copy`]), a sender
+//! that can wait for completion ([`Shm::send_desc`], used by the pipelined ring) writes a one-slot
+//! descriptor of its buffer instead of the payload. The receiver reads the payload from the
+//! sender's memory (with plain loads when it lies in shareable memory the receiver has mapped, see
+//! `mem.rs`) and hands it to its sink, then acknowledges it in the control block; the sender leaves
+//! its buffer alone until then ([`Shm::wait_sent`]), or withdraws what was not read yet when its
+//! operation fails ([`Shm::withdraw`]). Plain sends always use the ring: a sender blocked until its
+//! receiver reads could wait in a cycle of ranks that all send first.
 //!
 //! Waits spin briefly (not at all when the host's ranks outnumber its cores), then yield, then
 //! sleep on a futex in the shared page (woken by the other side, or after 1 ms to look at the
