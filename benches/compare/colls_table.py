@@ -123,8 +123,8 @@ def why(losers, h_cells, m_cells):
         no_round = op in ROOTED and ma is not None and med(m) < NO_ROUND * med(ma)
         if no_round and one_round is not None and med(h) - med(m) <= ROUND_SLACK * one_round:
             out.append((n, op, b, "round", (med(h) - med(m), one_round)))
-        elif min(sweep_ratios(h, m), default=LOSE_CLEARLY + 1) <= LOSE_CLEARLY:
-            out.append((n, op, b, "noise", sweep_ratios(h, m)))
+        elif min(ratios := sweep_ratios(h, m), default=LOSE_CLEARLY + 1) <= LOSE_CLEARLY:
+            out.append((n, op, b, "noise", ratios))
         else:
             out.append((n, op, b, "open", (med(h), med(m))))
     return out

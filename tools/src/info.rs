@@ -142,6 +142,10 @@ fn size_label(b: usize) -> String {
 /// The algorithm a collective (an `Op::name`) over a buffer of so many bytes would run with.
 pub type Planner<'a> = &'a dyn Fn(&str, usize) -> Option<&'static str>;
 
+/// What the single-copy line says where a read costs more than the two copies it saves.
+const NOT_WORTH_IT: &str = "not worth the two copies it saves, large heap chunks go through the rings \
+                            (hccn_mem_alloc buffers are still read in place)";
+
 /// The line on single-copy reads of shared-memory links: what one cost rank 0, if it measured.
 fn reads_line(reads: Option<ReadCost>) -> String {
     match reads {
@@ -149,7 +153,7 @@ fn reads_line(reads: Option<ReadCost>) -> String {
             "# single-copy reads (process_vm_readv, 256 KiB) on rank 0's host: {:.1} us against a {:.1} us copy: {}",
             c.read_us,
             c.copy_us,
-            if c.pays { "used for large chunks" } else { "not worth the two copies it saves, large heap chunks go through the rings (hccn_mem_alloc buffers are still read in place)" }
+            if c.pays { "used for large chunks" } else { NOT_WORTH_IT }
         ),
         Some(_) => "# single-copy reads: this process could not read its own memory; the rings only".to_owned(),
         None => "# single-copy reads: not measured (no shared-memory peer, the kernel forbids them, or HCCN_CMA is on or off)"

@@ -2,8 +2,8 @@
 //! sends its block for r+s and receives the block from r-s, so every pair talks exactly once
 //! and no rank is a hot spot. Bytes on the wire per rank: the sum of its blocks for other
 //! ranks. On one host the receiver reads large chunks straight from the sender's buffer where
-//! such a read pays (one copy instead of two through a ring, `Shm::single_copy`); a step ends once its own receives are done and its
-//! sends have been read.
+//! such a read pays (one copy instead of two through a ring, `Shm::single_copy`); a step ends
+//! once its own receives are done and its sends have been read.
 //!
 //! An allgather sends its own block to every peer this way. Each block is read where its owner
 //! put it, so no step waits for an earlier one, where the ring forwards what it received and a
