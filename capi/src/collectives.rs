@@ -10,13 +10,26 @@ use crate::ffi::{array, guard, ok};
 use crate::stream::STREAMS;
 use crate::types::{hccn_comm, hccn_datatype, hccn_reduce_op, hccn_result, hccn_stream};
 
+/// A call as far as it can be known before its arguments are read: its kind (an `Op::name`) and,
+/// for a send or receive, its peer.
+type Call = (&'static str, Option<u32>);
+
 /// Looks up `comm` and `stream`, builds the op (which may need the communicator size) and hands
-/// it to the communicator's backend.
-fn submit(comm: *mut hccn_comm, stream: *mut hccn_stream, build: impl FnOnce(u32) -> Result<Op>) -> hccn_result {
+/// it to the communicator's backend. A call refused here (a stream handle or an argument it
+/// cannot read) still takes its place among the other ranks' calls (`refuse_unread`).
+fn submit(
+    comm: *mut hccn_comm,
+    stream: *mut hccn_stream,
+    (kind, peer): Call,
+    build: impl FnOnce(u32) -> Result<Op>,
+) -> hccn_result {
     guard(|| {
         let c = COMMS.get(comm, "comm")?;
-        let s = if stream.is_null() { None } else { Some(STREAMS.get(stream, "stream")?) };
-        let op = build(c.control().size())?;
+        let s = match stream.is_null() {
+            true => None,
+            false => Some(STREAMS.get(stream, "stream").map_err(|e| c.refuse_unread(kind, peer, e, None))?),
+        };
+        let op = build(c.control().size()).map_err(|e| c.refuse_unread(kind, peer, e, s.as_deref()))?;
         // SAFETY: the C caller promises the buffers of `op` as docs/c-api.md describes, until the
         // operation completes (return for a NULL stream, the stream's progress otherwise).
         unsafe { c.submit(op, s.as_deref())? };
@@ -50,7 +63,7 @@ pub unsafe extern "C" fn hccn_allreduce(
     comm: *mut hccn_comm,
     stream: *mut hccn_stream,
 ) -> hccn_result {
-    submit(comm, stream, |_| {
+    submit(comm, stream, ("allreduce", None), |_| {
         Ok(Op::AllReduce { send: cp(sendbuf), recv: mp(recvbuf), count, dt: dtype(dt)?, op: rop(op)? })
     })
 }
@@ -68,7 +81,7 @@ pub unsafe extern "C" fn hccn_allreduce_compressed(
     comm: *mut hccn_comm,
     stream: *mut hccn_stream,
 ) -> hccn_result {
-    submit(comm, stream, |_| {
+    submit(comm, stream, ("allreduce_compressed", None), |_| {
         Ok(Op::AllReduceCompressed {
             send: cp(sendbuf),
             recv: mp(recvbuf),
@@ -89,7 +102,7 @@ pub unsafe extern "C" fn hccn_broadcast(
     comm: *mut hccn_comm,
     stream: *mut hccn_stream,
 ) -> hccn_result {
-    submit(comm, stream, |_| Ok(Op::Broadcast { buf: mp(buf), count, dt: dtype(dt)?, root }))
+    submit(comm, stream, ("broadcast", None), |_| Ok(Op::Broadcast { buf: mp(buf), count, dt: dtype(dt)?, root }))
 }
 
 #[no_mangle]
@@ -103,7 +116,7 @@ pub unsafe extern "C" fn hccn_reduce(
     comm: *mut hccn_comm,
     stream: *mut hccn_stream,
 ) -> hccn_result {
-    submit(comm, stream, |_| {
+    submit(comm, stream, ("reduce", None), |_| {
         Ok(Op::Reduce { send: cp(sendbuf), recv: mp(recvbuf), count, dt: dtype(dt)?, op: rop(op)?, root })
     })
 }
@@ -117,7 +130,7 @@ pub unsafe extern "C" fn hccn_allgather(
     comm: *mut hccn_comm,
     stream: *mut hccn_stream,
 ) -> hccn_result {
-    submit(comm, stream, |_| {
+    submit(comm, stream, ("allgather", None), |_| {
         Ok(Op::AllGather { send: cp(sendbuf), recv: mp(recvbuf), send_count: sendcount, dt: dtype(dt)? })
     })
 }
@@ -133,7 +146,7 @@ pub unsafe extern "C" fn hccn_allgatherv(
     comm: *mut hccn_comm,
     stream: *mut hccn_stream,
 ) -> hccn_result {
-    submit(comm, stream, |n| {
+    submit(comm, stream, ("allgatherv", None), |n| {
         Ok(Op::AllGatherV {
             send: cp(sendbuf),
             send_count: sendcount,
@@ -155,7 +168,7 @@ pub unsafe extern "C" fn hccn_reduce_scatter(
     comm: *mut hccn_comm,
     stream: *mut hccn_stream,
 ) -> hccn_result {
-    submit(comm, stream, |_| {
+    submit(comm, stream, ("reduce_scatter", None), |_| {
         Ok(Op::ReduceScatter {
             send: cp(sendbuf),
             recv: mp(recvbuf),
@@ -176,7 +189,7 @@ pub unsafe extern "C" fn hccn_gather(
     comm: *mut hccn_comm,
     stream: *mut hccn_stream,
 ) -> hccn_result {
-    submit(comm, stream, |_| {
+    submit(comm, stream, ("gather", None), |_| {
         Ok(Op::Gather { send: cp(sendbuf), recv: mp(recvbuf), send_count: sendcount, dt: dtype(dt)?, root })
     })
 }
@@ -191,7 +204,7 @@ pub unsafe extern "C" fn hccn_scatter(
     comm: *mut hccn_comm,
     stream: *mut hccn_stream,
 ) -> hccn_result {
-    submit(comm, stream, |_| {
+    submit(comm, stream, ("scatter", None), |_| {
         Ok(Op::Scatter { send: cp(sendbuf), recv: mp(recvbuf), recv_count: recvcount, dt: dtype(dt)?, root })
     })
 }
@@ -205,7 +218,9 @@ pub unsafe extern "C" fn hccn_alltoall(
     comm: *mut hccn_comm,
     stream: *mut hccn_stream,
 ) -> hccn_result {
-    submit(comm, stream, |_| Ok(Op::AllToAll { send: cp(sendbuf), recv: mp(recvbuf), count_per_rank, dt: dtype(dt)? }))
+    submit(comm, stream, ("alltoall", None), |_| {
+        Ok(Op::AllToAll { send: cp(sendbuf), recv: mp(recvbuf), count_per_rank, dt: dtype(dt)? })
+    })
 }
 
 #[no_mangle]
@@ -220,7 +235,7 @@ pub unsafe extern "C" fn hccn_alltoallv(
     comm: *mut hccn_comm,
     stream: *mut hccn_stream,
 ) -> hccn_result {
-    submit(comm, stream, |n| {
+    submit(comm, stream, ("alltoallv", None), |n| {
         let n = n as usize;
         Ok(Op::AllToAllV {
             send: cp(sendbuf),
@@ -243,7 +258,7 @@ pub unsafe extern "C" fn hccn_send(
     comm: *mut hccn_comm,
     stream: *mut hccn_stream,
 ) -> hccn_result {
-    submit(comm, stream, |_| Ok(Op::Send { buf: cp(buf), count, dt: dtype(dt)?, peer }))
+    submit(comm, stream, ("send", Some(peer)), |_| Ok(Op::Send { buf: cp(buf), count, dt: dtype(dt)?, peer }))
 }
 
 #[no_mangle]
@@ -255,10 +270,10 @@ pub unsafe extern "C" fn hccn_recv(
     comm: *mut hccn_comm,
     stream: *mut hccn_stream,
 ) -> hccn_result {
-    submit(comm, stream, |_| Ok(Op::Recv { buf: mp(buf), count, dt: dtype(dt)?, peer }))
+    submit(comm, stream, ("recv", Some(peer)), |_| Ok(Op::Recv { buf: mp(buf), count, dt: dtype(dt)?, peer }))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn hccn_barrier(comm: *mut hccn_comm, stream: *mut hccn_stream) -> hccn_result {
-    submit(comm, stream, |_| Ok(Op::Barrier))
+    submit(comm, stream, ("barrier", None), |_| Ok(Op::Barrier))
 }

@@ -52,6 +52,31 @@ fn every_rank_of_a_mismatched_call_gets_mismatch_when_senders_wait_amid_a_step()
     }
 }
 
+/// Runs the argument-check class (tests/src/bin/hccn-refusals.rs) on `n` ranks: the ranks whose
+/// check fails get their refusal, every other rank MISMATCH, and the next call pairs everywhere.
+fn refusal_matrix(n: u32, env: &[(&str, &str)]) {
+    let mut env = env.to_vec();
+    env.push(("HCCN_TIMEOUT_MS", "8000"));
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_hccn-refusals"));
+    let out = launch::hccnrun(n, &bin, &[], &env, Duration::from_secs(180));
+    let what = format!("{n} ranks, {env:?}");
+    let cases = out.stdout.lines().filter(|l| l.contains(" CASE ")).count();
+    assert!(cases >= 120 * n as usize, "{what}: too few cases ran: {}", out.describe());
+    let failed: Vec<&str> = out.stdout.lines().filter(|l| l.contains(" CASE ") && !l.ends_with(" PASS")).collect();
+    assert!(failed.is_empty(), "{what}: {} cases wrong:\n{}", failed.len(), failed.join("\n"));
+    assert_eq!(out.code, Some(0), "{what}: {}", out.describe());
+}
+
+#[test]
+fn a_call_refused_on_some_ranks_fails_on_every_rank_and_the_next_call_pairs() {
+    for n in [2, 3, 4] {
+        refusal_matrix(n, &[]);
+    }
+    refusal_matrix(4, &[("HCCN_BOARD_BYTES", "0")]);
+    refusal_matrix(3, &[("HCCN_TRANSPORT", "tcp")]);
+    refusal_matrix(2, &[("HCCN_TRANSPORT", "tcp")]);
+}
+
 #[test]
 fn two_threads_on_one_communicator_get_busy_never_wrong_data() {
     for n in [2, 4] {

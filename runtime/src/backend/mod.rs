@@ -50,6 +50,13 @@ pub trait BackendComm: Send + Sync {
     /// The buffers of `op` are memory of this backend, valid until the operation completes
     /// (docs/c-api.md).
     unsafe fn submit(&self, op: Op, stream: Option<&AnyStream>) -> Result<()>;
+    /// Keeps the place of a call of `kind` (an `Op::name`; `peer` for a send or receive) that
+    /// this rank refused before its arguments could be read, so that the other ranks' calls do
+    /// not pair with its next one (see comm/refuse.rs); returns the refusal.
+    fn refuse_unread(&self, kind: &str, peer: Option<u32>, refusal: Error, stream: Option<&AnyStream>) -> Error {
+        let _ = (kind, peer, stream);
+        refusal
+    }
     fn new_group(&self, ranks: &[u32]) -> Result<Box<dyn BackendComm>>;
     fn split(&self, color: i32, key: i32) -> Result<Option<Box<dyn BackendComm>>>;
     fn shrink(&self) -> Result<Box<dyn BackendComm>>;

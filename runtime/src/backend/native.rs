@@ -61,9 +61,13 @@ impl BackendComm for Communicator {
         self
     }
     unsafe fn submit(&self, op: Op, stream: Option<&AnyStream>) -> Result<()> {
-        let host = host_queue(stream)?;
+        let host = host_queue(stream).map_err(|e| self.refuse_call(&op, e))?;
         // SAFETY: the caller's promise, passed on.
         unsafe { Communicator::submit(self, op, host) }
+    }
+    fn refuse_unread(&self, kind: &str, peer: Option<u32>, refusal: Error, stream: Option<&AnyStream>) -> Error {
+        let host = host_queue(stream).ok().flatten();
+        Communicator::refuse_unread(self, kind, peer, refusal, host)
     }
     fn new_group(&self, ranks: &[u32]) -> Result<Box<dyn BackendComm>> {
         Ok(Box::new(Communicator::new_group(self, ranks)?))

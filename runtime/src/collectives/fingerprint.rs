@@ -43,8 +43,23 @@ const NAMES: [&str; 14] = [
 
 const NO_ROOT: u32 = u32::MAX;
 
+/// Set in the kind of a call that its rank refused (an argument failed a check there): the call
+/// still takes its place among the other ranks' calls, which then fail, naming that rank,
+/// instead of pairing with its next call (see comm/refuse.rs).
+const REFUSED: u8 = 0x80;
+
 fn kind_name(code: u8) -> &'static str {
-    NAMES.get(usize::from(code)).copied().unwrap_or(NAMES[0])
+    NAMES.get(usize::from(code & !REFUSED)).copied().unwrap_or(NAMES[0])
+}
+
+/// The fingerprint of the call `f` refused on the rank that made it: equal to no accepted call's,
+/// and to the same call refused on another rank.
+pub(crate) fn refused(f: &Fingerprint) -> Fingerprint {
+    Fingerprint { op: f.op | REFUSED, ..*f }
+}
+
+fn is_refused(f: &Fingerprint) -> bool {
+    f.op & REFUSED != 0
 }
 
 fn fp(op: u8, dt: Option<DataType>, redop: Option<ReduceOp>, root: u32, count: u64) -> Fingerprint {
@@ -81,6 +96,21 @@ pub(crate) fn of(op: &Op) -> Fingerprint {
     }
 }
 
+/// The fingerprint of a call of `kind` (an `Op::name`) refused on a rank that could not read its
+/// other arguments (an unknown data type or reduce operation, say).
+pub(crate) fn refused_unread(kind: &str) -> Fingerprint {
+    let code = NAMES.iter().position(|k| *k == kind).unwrap_or(0) as u8;
+    refused(&fp(code, None, None, NO_ROOT, 0))
+}
+
+/// Whether calls of the kind of `f` may go to the board at some size and data type.
+pub(crate) fn board_kind(f: &Fingerprint) -> bool {
+    matches!(
+        f.op & !REFUSED,
+        BARRIER | ALLREDUCE | REDUCE | BROADCAST | ALLGATHER | GATHER | REDUCE_SCATTER | SCATTER | ALLTOALL
+    )
+}
+
 /// The largest post of the call `f` on the board of a communicator of `n` ranks (what decides
 /// whether it goes there): the buffer of an allreduce, reduce or broadcast, a rank's block of an
 /// allgather or gather, the whole input of a reduce-scatter, scatter or alltoall. `None` for calls
@@ -88,7 +118,8 @@ pub(crate) fn of(op: &Op) -> Fingerprint {
 /// compressed allreduce (its point is the wire type) and send/receive.
 #[inline]
 pub(crate) fn board_post(f: &Fingerprint, n: u32) -> Option<usize> {
-    let per_rank = match f.op {
+    // A refused call goes where the call would have gone: its round keeps the board's turns.
+    let per_rank = match f.op & !REFUSED {
         BARRIER => return Some(0),
         ALLREDUCE | REDUCE | BROADCAST | ALLGATHER | GATHER => 1,
         REDUCE_SCATTER | SCATTER | ALLTOALL => n as usize,
@@ -115,7 +146,7 @@ pub(crate) fn for_plan(op: &str, bytes: usize, n: u32) -> Option<Fingerprint> {
 /// Whether the call's per-rank counts are outside its fingerprint (alltoallv: only the pair a
 /// block concerns can check it).
 pub(crate) fn varies(f: &Fingerprint) -> bool {
-    f.op == ALLTOALLV
+    f.op & !REFUSED == ALLTOALLV
 }
 
 /// The call a fingerprint stands for, as the caller wrote it: "allreduce of 100 fp32 elements
@@ -179,16 +210,26 @@ pub(crate) fn difference(a: &Fingerprint, b: &Fingerprint) -> String {
 
 /// The error of a call that met another rank's different call of the same operation.
 pub(crate) fn mismatch(mine: &Fingerprint, me: u32, theirs: &Fingerprint, them: u32) -> crate::error::Error {
-    crate::error::Error::new(
-        crate::error::ErrorKind::Mismatch,
-        format!(
+    let message = match (is_refused(theirs), is_refused(mine)) {
+        (true, _) => format!(
+            "rank {them} refused its {} (an argument failed a check on that rank; its error says which), so rank \
+             {me}'s {} fails too",
+            describe(theirs),
+            describe(&Fingerprint { op: mine.op & !REFUSED, ..*mine })
+        ),
+        (false, true) => format!(
+            "this rank (rank {me}) refused its {}, which rank {them} called as {}",
+            describe(mine),
+            describe(theirs)
+        ),
+        (false, false) => format!(
             "ranks called collective operation differently: rank {them} called {}, rank {me} called {}: {}",
             describe(theirs),
             describe(mine),
             difference(mine, theirs)
         ),
-    )
-    .with_failed(vec![them, me])
+    };
+    crate::error::Error::new(crate::error::ErrorKind::Mismatch, message).with_failed(vec![them, me])
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ pub(crate) mod join;
 mod linkcost;
 mod membership;
 mod precheck;
+mod refuse;
 mod shrink;
 #[cfg(any(test, feature = "test-support"))]
 pub mod sim;
@@ -321,7 +322,10 @@ impl Communicator {
         self.inner.check_state()?;
         let shape = Shape { rank: self.rank(), size: self.size() };
         let fp = collectives::fingerprint::of(&op);
-        let work = check::validate(&op, &shape, &mut |is_send, peer| self.inner.next_p2p(is_send, peer))?;
+        let work = match check::validate(&op, &shape, &mut |is_send, peer| self.inner.next_p2p(is_send, peer)) {
+            Ok(work) => work,
+            Err(refusal) => return Err(self.refuse(&op, fp, refusal, stream)),
+        };
         // Every collective takes its number, count 0 too: it still checks that the other ranks
         // made the same call.
         let (kind, seq) = match work {
