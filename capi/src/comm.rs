@@ -74,7 +74,10 @@ pub unsafe extern "C" fn hccn_comm_destroy(comm: *mut hccn_comm) -> hccn_result 
 #[no_mangle]
 pub unsafe extern "C" fn hccn_comm_abort(comm: *mut hccn_comm) -> hccn_result {
     guard(|| {
-        COMMS.remove(comm, "comm")?.abort();
+        // In a forked child the parent's communicator is let go of, never aborted.
+        if let Some(c) = COMMS.remove(comm, "comm")? {
+            c.abort();
+        }
         ok()
     })
 }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 
-use hccn_runtime::{Error, Result};
+use hccn_runtime::{fork, Error, Result};
 
 use crate::error::{fail, set_last};
 use crate::types::{hccn_result, HCCN_SUCCESS};
@@ -37,7 +37,8 @@ pub(crate) fn ok() -> Result<hccn_result> {
 /// table, so a destroyed handle used again is an error, not a use-after-free.
 pub(crate) struct Table<T> {
     kind: &'static str,
-    map: Mutex<Option<HashMap<usize, Arc<T>>>>,
+    /// Each object with the fork generation it was made in (see `hccn_runtime::fork`).
+    map: Mutex<Option<HashMap<usize, (u64, Arc<T>)>>>,
 }
 
 impl<T> Table<T> {
@@ -45,7 +46,7 @@ impl<T> Table<T> {
         Table { kind, map: Mutex::new(None) }
     }
 
-    fn with<R>(&self, f: impl FnOnce(&mut HashMap<usize, Arc<T>>) -> R) -> R {
+    fn with<R>(&self, f: impl FnOnce(&mut HashMap<usize, (u64, Arc<T>)>) -> R) -> R {
         let mut g = self.map.locked();
         f(g.get_or_insert_with(HashMap::new))
     }
@@ -56,23 +57,39 @@ impl<T> Table<T> {
         // The handle keeps the object's provenance (no integer-to-pointer cast); C never
         // dereferences it and neither does the table, which compares addresses only.
         let handle = Arc::as_ptr(&arc).cast_mut().cast::<P>();
-        self.with(|m| m.insert(handle as usize, arc));
+        self.with(|m| m.insert(handle as usize, (fork::generation(), arc)));
         handle
     }
 
+    /// The live object behind `handle`; an error in a forked child for one its parent made.
     pub fn get<P>(&self, handle: *const P, arg: &str) -> Result<Arc<T>> {
-        if handle.is_null() {
-            return Err(Error::null(format!("{arg} is NULL")));
-        }
-        self.with(|m| m.get(&(handle as usize)).cloned())
-            .ok_or_else(|| Error::invalid(format!("{arg} is not a live {} (destroyed, or never created)", self.kind)))
+        let (made_in, object) = self.entry(handle, arg, |m, h| m.get(&h).cloned())?;
+        fork::check(made_in, self.kind).map_err(|e| e.context(arg))?;
+        Ok(object)
     }
 
-    pub fn remove<P>(&self, handle: *const P, arg: &str) -> Result<Arc<T>> {
+    /// Takes `handle` out of the table: the object, or `None` in a forked child for one its
+    /// parent made, which is let go of without being dropped (its drop would close the parent's
+    /// links and wait for threads that do not exist in the child).
+    pub fn remove<P>(&self, handle: *const P, arg: &str) -> Result<Option<Arc<T>>> {
+        let (made_in, object) = self.entry(handle, arg, |m, h| m.remove(&h))?;
+        if fork::check(made_in, self.kind).is_err() {
+            std::mem::forget(object);
+            return Ok(None);
+        }
+        Ok(Some(object))
+    }
+
+    fn entry<P>(
+        &self,
+        handle: *const P,
+        arg: &str,
+        take: impl FnOnce(&mut HashMap<usize, (u64, Arc<T>)>, usize) -> Option<(u64, Arc<T>)>,
+    ) -> Result<(u64, Arc<T>)> {
         if handle.is_null() {
             return Err(Error::null(format!("{arg} is NULL")));
         }
-        self.with(|m| m.remove(&(handle as usize)))
+        self.with(|m| take(m, handle as usize))
             .ok_or_else(|| Error::invalid(format!("{arg} is not a live {} (destroyed, or never created)", self.kind)))
     }
 }

@@ -28,7 +28,10 @@ pub unsafe extern "C" fn hccn_stream_create(stream: *mut *mut hccn_stream) -> hc
 #[no_mangle]
 pub unsafe extern "C" fn hccn_stream_destroy(stream: *mut hccn_stream) -> hccn_result {
     guard(|| {
-        let s = STREAMS.remove(stream, "stream")?;
+        // In a forked child the parent's stream (whose worker is the parent's) is let go of.
+        let Some(s) = STREAMS.remove(stream, "stream")? else {
+            return ok();
+        };
         // The error of the queued work, if any, is still reported.
         let result = s.synchronize();
         drop(s);

@@ -8,6 +8,7 @@ pub mod collectives;
 pub mod comm;
 pub mod config;
 pub mod error;
+pub mod fork;
 pub mod fusion;
 #[doc(hidden)]
 #[cfg(any(test, feature = "test-support"))]

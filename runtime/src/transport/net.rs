@@ -1,7 +1,7 @@
 //! A world of processes as this rank reaches it: one link per peer, shared memory to the peers
 //! on this host, the inbox, and the watchdog.
 
-use crate::sync::RwLocked;
+use crate::sync::{Locked, RwLocked};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -343,13 +343,21 @@ impl Net {
 /// How long a world that ends waits for its peers to close their side after its goodbye.
 const LINGER: Duration = Duration::from_millis(200);
 
-/// This process's incarnation: a random id that names it in news to peers (see news.rs).
+/// This process's incarnation: a random id that names it in news to peers (see news.rs); a
+/// forked child has its own.
 pub(crate) fn incarnation() -> u64 {
-    static ID: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *ID.get_or_init(|| {
-        let pid = u64::from(std::process::id());
-        crate::auth::random_bytes::<8>().map_or(pid, |b| u64::from_le_bytes(b) ^ pid)
-    })
+    static ID: std::sync::Mutex<Option<(u64, u64)>> = std::sync::Mutex::new(None);
+    let generation = crate::fork::generation();
+    let mut id = ID.locked();
+    match *id {
+        Some((g, id)) if g == generation => id,
+        _ => {
+            let pid = u64::from(std::process::id());
+            let fresh = crate::auth::random_bytes::<8>().map_or(pid, |b| u64::from_le_bytes(b) ^ pid);
+            *id = Some((generation, fresh));
+            fresh
+        }
+    }
 }
 
 /// Tells the peer of `link` who this process is and where its pulses come from.

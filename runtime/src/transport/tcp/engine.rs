@@ -46,15 +46,18 @@ pub(super) struct Engine {
     thread: Option<JoinHandle<()>>,
 }
 
-/// The engine, started with the first link that needs it.
+/// The engine, started with the first link that needs it; a forked child starts its own (its
+/// parent's thread is not there, see fork.rs).
 pub(super) fn engine() -> std::io::Result<Arc<Engine>> {
-    static ENGINE: Mutex<Weak<Engine>> = Mutex::new(Weak::new());
+    static ENGINE: Mutex<(u64, Weak<Engine>)> = Mutex::new((0, Weak::new()));
+    let generation = crate::fork::generation();
     let mut slot = ENGINE.locked();
-    if let Some(e) = slot.upgrade() {
+    if let Some(e) = slot.1.upgrade().filter(|_| slot.0 == generation) {
         return Ok(e);
     }
     let e = Arc::new(Engine::start()?);
-    *slot = Arc::downgrade(&e);
+    // The parent's engine, if any, is only forgotten: its links hold it.
+    *slot = (generation, Arc::downgrade(&e));
     Ok(e)
 }
 
