@@ -37,16 +37,19 @@ pub(crate) fn ok() -> Result<hccn_result> {
 /// table, so a destroyed handle used again is an error, not a use-after-free.
 pub(crate) struct Table<T> {
     kind: &'static str,
-    /// Each object with the fork generation it was made in (see `hccn_runtime::fork`).
-    map: Mutex<Option<HashMap<usize, (u64, Arc<T>)>>>,
+    map: Mutex<Option<Entries<T>>>,
 }
+
+/// Each object by its handle, with the fork generation it was made in (see
+/// `hccn_runtime::fork`).
+type Entries<T> = HashMap<usize, (u64, Arc<T>)>;
 
 impl<T> Table<T> {
     pub const fn new(kind: &'static str) -> Self {
         Table { kind, map: Mutex::new(None) }
     }
 
-    fn with<R>(&self, f: impl FnOnce(&mut HashMap<usize, (u64, Arc<T>)>) -> R) -> R {
+    fn with<R>(&self, f: impl FnOnce(&mut Entries<T>) -> R) -> R {
         let mut g = self.map.locked();
         f(g.get_or_insert_with(HashMap::new))
     }
@@ -84,7 +87,7 @@ impl<T> Table<T> {
         &self,
         handle: *const P,
         arg: &str,
-        take: impl FnOnce(&mut HashMap<usize, (u64, Arc<T>)>, usize) -> Option<(u64, Arc<T>)>,
+        take: impl FnOnce(&mut Entries<T>, usize) -> Option<(u64, Arc<T>)>,
     ) -> Result<(u64, Arc<T>)> {
         if handle.is_null() {
             return Err(Error::null(format!("{arg} is NULL")));
