@@ -26,3 +26,26 @@ fn a_forked_child_is_refused_its_parents_communicator_and_the_parent_goes_on() {
         checked_lines(&out, &format!("{n} ranks {env:?}"), 7 * n as usize);
     }
 }
+
+#[test]
+fn sixteen_ranks_under_a_64_mib_dev_shm_fall_back_to_tcp_instead_of_dying_of_sigbus() {
+    // Docker's default /dev/shm, in a private mount namespace: 16 ranks' pair segments (2 MiB
+    // each) do not fit. Every pair's rings are filled by a 16 MiB alltoall (single-copy reads
+    // off, so that the bytes go through the rings).
+    let perf = launch::bin("hccn-perf");
+    let run = format!(
+        "mount -t tmpfs -o size=64m tmpfs /dev/shm || exit 97; exec {} -n 16 {} --op alltoall -b 16M -e 16M -w 1 -n 2 -c",
+        launch::bin("hccnrun").display(),
+        perf.display()
+    );
+    let mut cmd = std::process::Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c", &run]).env("HCCN_CMA", "off");
+    let out = launch::run(cmd, Duration::from_secs(240));
+    assert_ne!(out.code, Some(97), "needs root to mount a small /dev/shm: {}", out.describe());
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    assert!(out.stdout.contains("Wrong elements       : 0 OK"), "{}", out.describe());
+    // One warning per rank at most, naming /dev/shm and what to do.
+    let warnings: Vec<&str> = out.stderr.lines().chain(out.stdout.lines()).filter(|l| l.contains(" WARN ")).collect();
+    assert!(!warnings.is_empty() && warnings.len() <= 16, "{warnings:#?}");
+    assert!(warnings.iter().all(|w| w.contains("/dev/shm is full") && w.contains("64 MiB")), "{warnings:#?}");
+}

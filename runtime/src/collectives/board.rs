@@ -165,7 +165,13 @@ fn make(ctx: &Ctx<'_>) -> Result<Option<Board>> {
             let board = path_in(&name).and_then(|path| {
                 ctx.net()
                     .open_board(&path, n, me)
-                    .map_err(|e| tracing::warn!("no shared-memory board ({path}: {e}); small collectives use messages"))
+                    .map_err(|e| {
+                        crate::transport::fell_back(
+                            &format!("the small-collective board ({path})"),
+                            &e,
+                            "small collectives use messages",
+                        )
+                    })
                     .ok()
             });
             (board, name)
@@ -211,7 +217,13 @@ fn create(ctx: &Ctx<'_>) -> (Option<Board>, [u8; NAME_MSG]) {
     let board = ctx
         .net()
         .create_board(&path, ctx.size(), ctx.rank())
-        .map_err(|e| tracing::warn!("no shared-memory board ({path}: {e}); small collectives use messages"))
+        .map_err(|e| {
+            crate::transport::fell_back(
+                &format!("the small-collective board ({path})"),
+                &e,
+                "small collectives use messages",
+            )
+        })
         .ok();
     let mut msg = [0u8; NAME_MSG];
     if board.is_some() {

@@ -37,6 +37,7 @@ pub(crate) use link::{poll_yielding, DirectRead, Frame, Key, Link, POLL_ALONE_MA
 pub(crate) use net::{incarnation, LinkTable, Net};
 pub(crate) use news::Fault;
 pub(crate) use ondemand::{Connector, Dialed, OnDemand};
+pub(crate) use shm::fell_back;
 pub use shm::{read_cost, ReadCost};
 pub(crate) use sink::{Out, Sink};
 pub(crate) use sweep::once as sweep_once;

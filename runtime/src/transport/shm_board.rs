@@ -18,7 +18,6 @@
 //! the ranks keep themselves evenly spread over the cores (placement.rs).
 
 use std::fs::OpenOptions;
-use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::placement::{self, here, Countdown};
@@ -93,9 +92,7 @@ impl Board {
     /// Creates the board file at `path` (which must not exist) for `n` ranks and maps it.
     pub(super) fn create(path: &str, n: u32, me: u32, wait: Wait) -> std::io::Result<Board> {
         let len = board_bytes(n);
-        let file = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(path)?;
-        file.set_len(len as u64)?;
-        let board = Board::new(Segment::map(&file, len)?, n, me, wait);
+        let board = Board::new(Segment::create(path, len)?, n, me, wait);
         // No rank has said where it runs yet (0 would read as core 0).
         (0..n).for_each(|r| board.cpu(r).store(u32::MAX, Ordering::Relaxed));
         board.word64(0).store(MAGIC, Ordering::Release);

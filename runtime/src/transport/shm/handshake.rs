@@ -11,7 +11,6 @@
 use std::fs::OpenOptions;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::Ordering;
 
 use super::*;
@@ -155,21 +154,13 @@ fn exchange_segments(
 
 /// A new segment at `path`, or `None` (logged) when shared memory is not to be had.
 fn create(path: &str) -> Option<Segment> {
-    let made = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .and_then(|f| f.set_len(SEG_BYTES as u64).map(|_| f))
-        .and_then(|f| Segment::map(&f, SEG_BYTES));
-    match made {
+    match Segment::create(path, SEG_BYTES) {
         Ok(s) => {
             mark_cpus_unknown(&s);
             Some(s)
         }
         Err(e) => {
-            tracing::warn!("no shared memory ({path}: {e}); using TCP");
+            super::segment::fell_back(&format!("a pair of ranks ({path})"), &e, "such pairs use TCP");
             None
         }
     }
@@ -198,7 +189,9 @@ fn map_named(sock: &mut TcpStream, peer: u32) -> Result<Option<Segment>> {
         l if l == SEG_BYTES as u64 => Segment::map(&f, SEG_BYTES),
         l => Err(std::io::Error::other(format!("segment of {l} bytes"))),
     });
-    Ok(mapped.map_err(|e| tracing::warn!("no shared memory ({path}: {e}); using TCP")).ok())
+    Ok(mapped
+        .map_err(|e| super::segment::fell_back(&format!("a pair of ranks ({path})"), &e, "such pairs use TCP"))
+        .ok())
 }
 
 pub(super) fn hs_err(peer: u32, what: &'static str) -> impl Fn(std::io::Error) -> Error {

@@ -56,7 +56,7 @@ use cma::*;
 pub use cma::{read_cost, ReadCost};
 pub(crate) use handshake::handshake;
 use ring::Ring;
-pub(crate) use segment::{demote, demote_small, host_id, HostId, Segment};
+pub(crate) use segment::{demote, demote_small, fell_back, host_id, HostId, Segment};
 
 /// Payload bytes per slot; a multiple of 16 so that pieces of a frame never split an element.
 const SLOT_DATA: usize = 64 << 10;

@@ -44,6 +44,24 @@ impl Drop for Segment {
 }
 
 impl Segment {
+    /// Creates the file at `path` (which must not exist) with all of its `len` bytes reserved,
+    /// and maps it. A file only sized would take its pages as they are first touched, and a
+    /// /dev/shm too small for them (Docker's 64 MiB) would then kill the process with SIGBUS:
+    /// here it fails instead (ENOSPC), with the file removed, and the caller falls back.
+    pub(crate) fn create(path: &str, len: usize) -> std::io::Result<Segment> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(path)?;
+        // SAFETY: a descriptor we hold; posix_fallocate takes no pointers.
+        let reserved = match unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len as libc::off_t) } {
+            0 => Segment::map(&file, len),
+            errno => Err(std::io::Error::from_raw_os_error(errno)),
+        };
+        if reserved.is_err() {
+            let _ = std::fs::remove_file(path);
+        }
+        reserved.map_err(|e| short_of_shared_memory(e, len))
+    }
+
     pub(crate) fn map(file: &std::fs::File, len: usize) -> std::io::Result<Segment> {
         // SAFETY: a fresh shared mapping of a file we hold open; checked for MAP_FAILED.
         let ptr = unsafe {
@@ -62,6 +80,38 @@ impl Segment {
         crate::transport::usage::mapped(len);
         Ok(Segment { ptr: ptr.cast(), len })
     }
+}
+
+/// Says once per process that shared memory could not be had for `what` (later misses are
+/// debug lines: a full /dev/shm fails every pair alike), and what is used instead.
+pub(crate) fn fell_back(what: &str, e: &std::io::Error, instead: &str) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::debug!("no shared memory for {what} ({e}); {instead}");
+    } else {
+        tracing::warn!("no shared memory for {what} ({e}); {instead} (said once; the rest at debug level)");
+    }
+}
+
+/// `e`, said in the user's terms when /dev/shm is full: its size and what was free.
+fn short_of_shared_memory(e: std::io::Error, len: usize) -> std::io::Error {
+    if e.raw_os_error() != Some(libc::ENOSPC) {
+        return e;
+    }
+    // SAFETY: statvfs is a plain C struct of integers, for which all zeroes is a valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a statvfs struct to fill.
+    let known = unsafe { libc::statvfs(c"/dev/shm".as_ptr(), &mut st) } == 0;
+    let mib = |blocks: u64| blocks * st.f_frsize / (1 << 20);
+    let room = match known {
+        true => format!("/dev/shm holds {} MiB, {} MiB free", mib(st.f_blocks), mib(st.f_bavail)),
+        false => "the size of /dev/shm is unknown".to_owned(),
+    };
+    std::io::Error::other(format!(
+        "/dev/shm is full: {room}, {} KiB were needed (a container's default is 64 MiB; give it more, e.g. docker \
+         --shm-size=1g)",
+        len >> 10
+    ))
 }
 
 /// Writes up to this size are pushed into the shared cache whole (see [`demote`]): a larger one
