@@ -38,7 +38,6 @@ What hccn adds to torchft:
   more than one gradient bucket; :class:`DistributedDataParallel` here fixes both for any group.
 """
 
-import ctypes
 import datetime
 import importlib.metadata
 import threading
@@ -66,6 +65,7 @@ _check_torchft()
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+import torch.distributed.distributed_c10d as c10d  # noqa: E402
 import torchft.ddp  # noqa: E402
 from torchft.process_group import ProcessGroupWrapper  # noqa: E402
 
@@ -257,25 +257,12 @@ class ProcessGroupHccn(ProcessGroupWrapper):
             pg.shutdown()
 
     def errored(self):
-        """The failure that broke the current configuration, or None: an operation's, an
-        abort's, or one hccn saw on the communicator without an operation (a lost member)."""
+        """The failure that broke the current configuration, or None: an operation's or an
+        abort's. A member lost while no operation needed it is not one: the Manager then commits
+        the step it completed, and the Lighthouse's next quorum goes on without that member
+        (whose peers, having moved on to the next quorum, would look lost too)."""
         with self._lock:
-            if self._errored is not None:
-                return self._errored
-            backend = self._backend
-        if backend is None:
-            return None
-        code = _raw.result_t(0)
-        if _raw.lib.hccn_comm_get_async_error(backend.comm_handle, ctypes.byref(code)) != 0:
-            return None  # closed meanwhile by a configuration on another thread
-        if code.value == 0:
-            return None
-        text = (_raw.lib.hccn_get_error_string(code.value) or b"").decode("utf-8", "replace")
-        try:
-            failed = tuple(backend.failed_ranks())
-        except _h.HccnError:
-            failed = ()
-        return _ht._exception(code.value, text, failed, "")
+            return self._errored
 
     # -- operations ---------------------------------------------------------------------------
 
@@ -336,7 +323,7 @@ class ProcessGroupHccn(ProcessGroupWrapper):
         return self._run(lambda pg: pg.broadcast(tensor_list, opts), tensor_list)
 
     def barrier(self, opts=None):
-        opts = opts if opts is not None else dist.BarrierOptions()
+        opts = opts if opts is not None else c10d.BarrierOptions()
         return self._run(lambda pg: pg.barrier(opts), [])
 
     def alltoall_base(self, output_buffer, input_buffer, output_split_sizes, input_split_sizes, opts):
