@@ -19,7 +19,7 @@ group's timeout.
 Everything here is torchft's documented API (Manager, DistributedDataParallel, Optimizer) with
 two hccn pieces: the process group, and ``hccn.torchft.DistributedDataParallel``, torchft's own
 with a gradient hook that survives a failed step (torchft 0.2.0's crashes the surviving group
-when a step fails and the model has more than one gradient bucket; see docs/torchft.md).
+when a step fails and the model has more than one gradient bucket; see examples/torchft/README.md).
 
 Environment: ``REPLICA_GROUP_ID`` (0, 1, ...), ``TORCHFT_LIGHTHOUSE``, ``STEPS`` (default 100).
 A group of more than one rank (``hccnrun -n 2``) runs one such replica per rank, each averaging
