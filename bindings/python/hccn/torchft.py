@@ -163,8 +163,8 @@ class ProcessGroupHccn(ProcessGroupWrapper):
     it for what follows.
     """
 
-    def __init__(self, timeout=datetime.timedelta(seconds=60.0), pg=None):
-        super().__init__(timeout=timeout, pg=pg)
+    def __init__(self, timeout=datetime.timedelta(seconds=60.0)):
+        super().__init__(timeout=timeout)
         self._lock = threading.Lock()
         self._backend = None  # the current configuration's hccn._torch_C.ProcessGroupHCCN
         self._errored = None
@@ -211,17 +211,22 @@ class ProcessGroupHccn(ProcessGroupWrapper):
             self._store = None  # the previous store's connection closes here
             client = dist.TCPStore(key[0], key[1], is_master=False, wait_for_workers=False, timeout=self._timeout)
             self._store = (key, client)
+        self._store[1].set_timeout(self._timeout)
         return dist.PrefixStore(prefix, self._store[1])
 
     def _create_pg(self, store, rank, world_size):
         with self._lock:
             self._errored = None
             self._inflight = []
-        if rank == 0:
-            uid = _h.get_unique_id()
-            store.set(_UNIQUE_ID_KEY, uid)
-        else:
-            uid = bytes(store.get(_UNIQUE_ID_KEY))
+        try:
+            if rank == 0:
+                uid = _h.get_unique_id()
+                store.set(_UNIQUE_ID_KEY, uid)
+            else:
+                uid = bytes(store.get(_UNIQUE_ID_KEY))
+        except Exception:
+            self._store = None  # a store that failed once is dialled afresh by the next configuration
+            raise
         backend = _ht._C.ProcessGroupHCCN.init_rank(uid, rank, world_size, self._timeout)
         # The group needs a store object but never uses it after this point: an in-memory one, so
         # that nothing of the quorum's store outlives the configuration.
@@ -297,7 +302,8 @@ class ProcessGroupHccn(ProcessGroupWrapper):
         try:
             work = op(pg)
         except _h.HccnError as e:
-            if raises or e.code not in _GROUP_FAILURES:
+            # A failure of the group, or of a configuration closed meanwhile by another thread.
+            if raises or (e.code not in _GROUP_FAILURES and backend is self._backend):
                 raise
             return _Work(self, backend, None, tensors, raises, self._failed(e, backend, None, None))
         if work is not None:
