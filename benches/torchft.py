@@ -50,9 +50,10 @@ def cell(values):
     values = [v for v in values if v is not None]
     if not values:
         return "-"
+    f = (lambda v: f"{v:.3f}") if any(isinstance(v, float) for v in values) else (lambda v: f"{v:g}")
     if len(values) == 1:
-        return f"{values[0]:.3f}" if isinstance(values[0], float) else str(values[0])
-    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
+        return f(values[0])
+    return f"{f(statistics.median(values))} ({f(min(values))}-{f(max(values))})"
 
 
 def main():
