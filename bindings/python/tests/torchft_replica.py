@@ -128,7 +128,7 @@ def main():
         world_size=1,
         hostname="127.0.0.1",
         timeout=timeout,
-        quorum_timeout=datetime.timedelta(seconds=60),
+        quorum_timeout=datetime.timedelta(seconds=120),  # the first waits for the others to import torch
         connect_timeout=timeout,
         checkpoint_transport=transport,
     )

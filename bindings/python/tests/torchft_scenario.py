@@ -53,7 +53,7 @@ def parse(argv=None):
     p.add_argument("--transport", choices=["http", "pg"], default="http")
     p.add_argument("--buckets", type=int, default=1)
     p.add_argument("--step-s", type=float, default=0.05)
-    p.add_argument("--limit-s", type=float, default=150.0, help="hard limit of the whole run")
+    p.add_argument("--limit-s", type=float, default=240.0, help="hard limit of the whole run")
     p.add_argument("--out", default=None, help="directory for the logs and final parameters")
     return p.parse_args(argv)
 
@@ -75,7 +75,7 @@ class Job:
         self.lighthouse = None
         self.readers = []
 
-    def start_lighthouse(self):
+    def start_lighthouse(self, until):
         port = free_port()
         exe = os.path.join(os.path.dirname(sys.executable), "torchft_lighthouse")
         log = open(os.path.join(self.out, "lighthouse.log"), "w")
@@ -85,8 +85,9 @@ class Job:
              "--heartbeat_timeout_ms", str(self.a.heartbeat_ms)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        # torchft_lighthouse is a Python entry point: it imports torch first (seconds, tens of
+        # them on a loaded machine).
+        while time.monotonic() < until:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 return f"http://127.0.0.1:{port}"
@@ -222,7 +223,7 @@ def run(a):
     job = Job(a, out)
     until = time.monotonic() + a.limit_s
     try:
-        lighthouse = job.start_lighthouse()
+        lighthouse = job.start_lighthouse(until)
         for r in range(a.replicas):
             job.start_replica(r, a.fault if r == victim else "none", lighthouse)
         t_fault = t_back = None
