@@ -4,7 +4,7 @@
 # built library and tools inside it) into each. Idempotent: a venv whose pinned packages are
 # already there is only refreshed with the current package (a few seconds).
 #
-#   scripts/setup-python.sh torch    # /opt/hccn/venvs/torch: torch + numpy from PyPI (~5.4 GB, ~3-5 min)
+#   scripts/setup-python.sh torch    # /opt/hccn/venvs/torch: torch + numpy + torchft from PyPI (~5.4 GB, ~3-5 min)
 #   scripts/setup-python.sh all      # every venv this script knows
 #
 # Run after `cargo build --release -p hccn-capi -p hccn-tools` (else it builds them): the package
@@ -16,6 +16,7 @@ VENVS=/opt/hccn/venvs
 TORCH_PIN="torch==2.15.0"
 NUMPY_PIN="numpy==2.4.6"
 SETUPTOOLS_PIN="setuptools==84.2.1"  # builds the hccn package (--no-build-isolation)
+TORCHFT_PIN="torchft==0.2.0"  # hccn.torchft is built against this version's internals (and brings torchft_lighthouse)
 
 # Sets PY to a python3 that can make virtualenvs, installing Debian's when there is none.
 python_for_venvs() {
@@ -66,6 +67,11 @@ setup_torch() {
     mkdir -p "$VENVS"
     [ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
     "$venv/bin/pip" install -q --disable-pip-version-check "$TORCH_PIN" "$NUMPY_PIN" "$SETUPTOOLS_PIN"
+  fi
+  if ! has "$venv" "$TORCHFT_PIN"; then
+    echo "setup-python: installing $TORCHFT_PIN into $venv"
+    # Its own dependencies (OpenTelemetry) come along; torch is pinned above and stays as it is.
+    "$venv/bin/pip" install -q --disable-pip-version-check "$TORCHFT_PIN" "$TORCH_PIN"
   fi
   install_hccn "$venv"
   # hccn.torch's C++ extension, compiled against this venv's torch into the installed package
