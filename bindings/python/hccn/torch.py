@@ -38,6 +38,7 @@ group. examples/pytorch/elastic_ddp.py shows the whole cycle.
 
 import datetime
 import importlib.util
+import json
 import os
 import sysconfig
 from ctypes import byref, c_uint64
@@ -66,7 +67,9 @@ BACKEND = "hccn"
 # The extension
 
 def _load_extension():
-    """``hccn._torch_C`` from next to this package, else from the source tree's target/torch-ext."""
+    """``hccn._torch_C`` from next to this package (the wheel's, or one built with
+    ``build_torch_ext.py --install``), else from the source tree's target/torch-ext; refused with
+    what to do when it was built for another torch (its ``_torch_C.json``)."""
     name = "_torch_C" + sysconfig.get_config_var("EXT_SUFFIX")
     here = os.path.dirname(os.path.abspath(__file__))
     tried = []
@@ -77,6 +80,7 @@ def _load_extension():
         if not os.path.exists(path):
             tried.append(f"{path} (missing)")
             continue
+        _check_pairing(os.path.join(os.path.dirname(path), "_torch_C.json"))
         spec = importlib.util.spec_from_file_location("hccn._torch_C", path)
         module = importlib.util.module_from_spec(spec)
         try:
@@ -86,11 +90,32 @@ def _load_extension():
             continue
         return module
     raise ImportError(
-        f"hccn.torch: its C++ extension is not built for torch {torch.__version__}; tried "
-        + "; ".join(tried)
-        + ". Build it with `python bindings/python/build_torch_ext.py --install` (from the hccn "
-        "source tree, with the interpreter that has this torch)."
+        f"hccn.torch: this hccn {_h.__version__} has no torch backend for this Python and torch "
+        f"{torch.__version__} (tried " + "; ".join(tried) + "). Install the hccn wheel that carries it "
+        "(hccn-VERSION-cpXY-cpXY-manylinux_*.whl, from `scripts/release.sh --wheel` on a machine with "
+        "the torch it pins), or build it for this torch from the hccn source tree: "
+        "`python bindings/python/build_torch_ext.py --install`."
     )
+
+
+def _check_pairing(path):
+    """Refuses a backend built for another torch, naming both versions (the C++ ABI would fail
+    later, with an undefined symbol or a crash)."""
+    try:
+        with open(path) as f:
+            built = json.load(f)
+    except (OSError, ValueError):
+        return  # a build older than the pairing file: loading it tells
+    have = {"torch": torch.__version__.split("+")[0], "cxx11_abi": bool(torch.compiled_with_cxx11_abi())}
+    wrong = [k for k in have if k in built and built[k] != have[k]]
+    if wrong:
+        raise ImportError(
+            f"hccn.torch: hccn {_h.__version__}'s torch backend was built for torch {built.get('torch')} "
+            f"(C++11 ABI {built.get('cxx11_abi')}), but this Python has torch {torch.__version__} "
+            f"(C++11 ABI {have['cxx11_abi']}). Install torch=={built.get('torch')} (pip install "
+            "'hccn-...whl[torch]' does), or build the backend for this torch from the hccn source "
+            "tree: `python bindings/python/build_torch_ext.py --install`."
+        )
 
 
 _C = _load_extension()
