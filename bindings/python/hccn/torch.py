@@ -180,6 +180,38 @@ def _timeout(opts):
     return t if isinstance(t, datetime.timedelta) else datetime.timedelta(seconds=float(t))
 
 
+def _given_timeout(timeout):
+    """The timeout the caller gave init_process_group (None: torch's default, which leaves
+    hccn's own, HCCN_TIMEOUT_MS)."""
+    return None if timeout == dist.default_pg_timeout else timeout
+
+
+class _deadline:
+    """While a communicator is made: its waits (joining, then every operation's) are bounded by
+    `timeout` instead of HCCN_TIMEOUT_MS, the knob the library reads then (None: unchanged)."""
+
+    def __init__(self, timeout):
+        self.ms = None if timeout is None else str(max(1, round(timeout.total_seconds() * 1000)))
+
+    def __enter__(self):
+        self.saved = os.environ.get("HCCN_TIMEOUT_MS")
+        if self.ms is not None:
+            os.environ["HCCN_TIMEOUT_MS"] = self.ms
+
+    def __exit__(self, *exc):
+        if self.ms is not None:
+            if self.saved is None:
+                del os.environ["HCCN_TIMEOUT_MS"]
+            else:
+                os.environ["HCCN_TIMEOUT_MS"] = self.saved
+
+
+def _init_rank(opts, rank, size, timeout):
+    """A communicator of its own for the group, through torch's store, with the group's timeout."""
+    with _deadline(_given_timeout(timeout)):
+        return _C.ProcessGroupHCCN.init_rank(_unique_id_via(opts.store, rank), rank, size, timeout)
+
+
 def _create(opts, backend_options=None):
     rank, size, timeout = opts.group_rank, opts.group_size, _timeout(opts)
     ranks = list(opts.global_ranks_in_group)
@@ -188,16 +220,20 @@ def _create(opts, backend_options=None):
         world = _h._world
         if adopt is not None and (adopt.rank(), adopt.size()) == (rank, size):
             b = adopt
-        elif world is not None and world._h is not None and (world.rank, world.size) == (rank, size):
+        elif world is not None and world._h is not None and (world.rank, world.size) == (rank, size) and (
+            _given_timeout(timeout) is None
+        ):
             b = _C.ProcessGroupHCCN.borrow(world.handle.value, timeout)
         else:
-            b = _C.ProcessGroupHCCN.init_rank(_unique_id_via(opts.store, rank), rank, size, timeout)
+            # A timeout given to init_process_group under hccnrun cannot reach the world joined at
+            # import (its waits have HCCN_TIMEOUT_MS's bound): the group gets its own communicator.
+            b = _init_rank(opts, rank, size, timeout)
         return b
     parent = _hccn_default_group()
-    if parent is not None:  # global ranks are the default group's ranks
+    if parent is not None:  # global ranks are the default group's ranks; its deadline too
         return parent.new_group(ranks)
     # The default group is another backend's: a communicator of its own, through torch's store.
-    return _C.ProcessGroupHCCN.init_rank(_unique_id_via(opts.store, rank), rank, size, timeout)
+    return _init_rank(opts, rank, size, timeout)
 
 
 def _hccn_default_group():
