@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the hccn TensorFlow op library against the tensorflow-cpu of a Python environment,
 # with tf.sysconfig's compile and link flags (as Horovod does), and lays out the importable
-# package:  OUT/hccn_tf/__init__.py  OUT/hccn_tf/_hccn_tf_ops.so
+# package:  OUT/hccn_tf/__init__.py  OUT/hccn_tf/keras/  OUT/hccn_tf/_hccn_tf_ops.so
 #
 # Usage: bindings/tensorflow/build.sh [--python PY] [--lib LIBDIR] [--out OUT]
 #   --python  the interpreter with tensorflow (default /opt/hccn/venvs/tf/bin/python)
@@ -42,5 +42,6 @@ g++ -O2 -shared -fPIC -Wall -Wno-sign-compare -Wno-deprecated-declarations -Wno-
   "$here/hccn_tf_ops.cc" -o "$out/hccn_tf/_hccn_tf_ops.so.tmp" \
   -L"$lib" -lhccn -Wl,-rpath,"$lib" $lflags -Wl,-rpath,"$tfdir"
 mv "$out/hccn_tf/_hccn_tf_ops.so.tmp" "$out/hccn_tf/_hccn_tf_ops.so"
-cp "$here/hccn_tf/__init__.py" "$out/hccn_tf/__init__.py"
+# The Python package as it is (hccn_tf and hccn_tf.keras), without byte-code caches.
+(cd "$here" && find hccn_tf -name '*.py') | while read -r f; do install -D -m 0644 "$here/$f" "$out/$f"; done
 echo "build.sh: $out/hccn_tf ready (PYTHONPATH=$out)"
