@@ -10,10 +10,12 @@ usage: scripts/release.sh [--out DIR] [--from BUILD_DIR] [--wheel]
 
 Makes, in DIR (default target/dist):
   hccn-VERSION-linux-ARCH.tar.gz         the C/C++ SDK for users without a Rust toolchain:
-                                         bin/ (hccnrun, hccn-perf, hccn-trace, hccn-info),
-                                         lib/ (libhccn.so.1, libhccn.so, libhccn.a, pkg-config,
-                                         CMake), include/, debug/libhccn.so.1.debug, docs and
-                                         examples under share/, install.sh, SHA256SUMS
+                                         README.md (packaging/release-README.md), bin/ (hccnrun,
+                                         hccn-perf, hccn-trace, hccn-info), lib/ (libhccn.so.1,
+                                         libhccn.so, libhccn.a, pkg-config, CMake), include/,
+                                         debug/libhccn.so.1.debug, docs and examples under
+                                         share/doc/hccn, the TensorFlow and MindSpore bindings'
+                                         sources under share/hccn/bindings, install.sh, SHA256SUMS
   hccn-VERSION-linux-ARCH.tar.gz.sha256  the tarball's checksum (sha256sum -c)
   with --wheel: the Python package carrying the library and the tools (pip wheel
                 bindings/python), and torch.distributed's "hccn" backend when the Python that
@@ -81,6 +83,12 @@ install -m 0644 packaging/*.in "$stage/share/hccn/packaging/"
 install -m 0644 README.md "$stage/share/doc/hccn/"
 install -m 0644 docs/*.md "$stage/share/doc/hccn/docs/"
 cp -r examples/c examples/cpp "$stage/share/doc/hccn/examples/"
+# The tarball's own README (its paths are the tarball's), and the framework bindings' sources
+# with their build.sh, which finds include/ and lib/ of the unpacked tree by itself.
+install -m 0644 packaging/release-README.md "$stage/README.md"
+find bindings/tensorflow bindings/mindspore -type f ! -path '*/build/*' ! -path '*/__pycache__/*' \
+  -exec install -D -m 0644 {} "$stage/share/hccn/"{} \;
+chmod 0755 "$stage/share/hccn/bindings/tensorflow/build.sh" "$stage/share/hccn/bindings/mindspore/build.sh"
 
 (cd "$stage" && find . -type f ! -name SHA256SUMS -printf '%P\n' | LC_ALL=C sort | xargs sha256sum > SHA256SUMS)
 # Reproducible: the same build gives the same bytes (names sorted, owner and times fixed).

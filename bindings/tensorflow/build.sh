@@ -5,15 +5,23 @@
 #
 # Usage: bindings/tensorflow/build.sh [--python PY] [--lib LIBDIR] [--out OUT]
 #   --python  the interpreter with tensorflow (default /opt/hccn/venvs/tf/bin/python)
-#   --lib     where libhccn.so is (default target/release); it is linked with an rpath to it
+#   --lib     where libhccn.so is (default target/release, or lib/ of a release tarball);
+#             it is linked with an rpath to it
 #   --out     where to put the package (default bindings/tensorflow/build)
 # Then: PYTHONPATH=OUT hccnrun -n 2 PY train.py   (train.py does `import hccn_tf`)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
+# In the source tree (bindings/<name>: the build in target/release), or in a release tarball or
+# an install prefix (share/hccn/bindings/<name>: the library in lib/); include/ is at the top.
+if [ -f "$here/../../Cargo.toml" ]; then
+  root=$(cd "$here/../.." && pwd)
+  lib=$root/target/release
+else
+  root=$(cd "$here/../../../.." && pwd)
+  lib=$root/lib
+fi
 
 py=/opt/hccn/venvs/tf/bin/python
-lib=$root/target/release
 out=$here/build
 while [ $# -gt 0 ]; do
   case $1 in
@@ -23,7 +31,7 @@ while [ $# -gt 0 ]; do
     *) echo "build.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-[ -f "$lib/libhccn.so" ] || { echo "build.sh: no libhccn.so in $lib (cargo build --release)" >&2; exit 1; }
+[ -f "$lib/libhccn.so" ] || { echo "build.sh: no libhccn.so in $lib (cargo build --release, or --lib DIR)" >&2; exit 1; }
 lib=$(cd "$lib" && pwd)
 
 # One line each: the compile flags, then the link flags.
