@@ -81,7 +81,8 @@ fn check_tarball_readme(tree: &Path) {
     let mut named = 0;
     for word in readme.split(|c: char| c.is_whitespace() || "`|(),;".contains(c)) {
         let path = word.trim_start_matches("./").trim_end_matches(['.', ':']);
-        if ["bin/", "lib/", "include/", "share/", "debug/"].iter().any(|p| path.starts_with(p)) || path == "install.sh" {
+        if ["bin/", "lib/", "include/", "share/", "debug/"].iter().any(|p| path.starts_with(p)) || path == "install.sh"
+        {
             named += 1;
             assert!(tree.join(path).exists(), "the tarball's README names {path}, which the tarball lacks");
         }
