@@ -86,7 +86,7 @@ cp -r examples/c examples/cpp "$stage/share/doc/hccn/examples/"
 # The tarball's own README (its paths are the tarball's), and the framework bindings' sources
 # with their build.sh, which finds include/ and lib/ of the unpacked tree by itself.
 install -m 0644 packaging/release-README.md "$stage/README.md"
-find bindings/tensorflow bindings/mindspore -type f ! -path '*/build/*' ! -path '*/__pycache__/*' \
+find bindings/layout.sh bindings/late_rank.py bindings/tensorflow bindings/mindspore -type f ! -path '*/build/*' ! -path '*/__pycache__/*' \
   -exec install -D -m 0644 {} "$stage/share/hccn/"{} \;
 chmod 0755 "$stage/share/hccn/bindings/tensorflow/build.sh" "$stage/share/hccn/bindings/mindspore/build.sh"
 

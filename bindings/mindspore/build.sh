@@ -21,15 +21,8 @@
 # Then: PYTHONPATH=OUT hccnrun -n 2 -- PY train.py   (train.py imports hccn_ms first)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-# In the source tree (bindings/<name>: the build in target/release), or in a release tarball or
-# an install prefix (share/hccn/bindings/<name>: the library in lib/); include/ is at the top.
-if [ -f "$here/../../Cargo.toml" ]; then
-  root=$(cd "$here/../.." && pwd)
-  lib=$root/target/release
-else
-  root=$(cd "$here/../../../.." && pwd)
-  lib=$root/lib
-fi
+# shellcheck source=../layout.sh
+. "$here/../layout.sh" # root (with include/) and the default lib, in the source tree or a tarball
 
 out=$here/build
 python=/opt/hccn/venvs/mindspore/bin/python

@@ -11,15 +11,8 @@
 # Then: PYTHONPATH=OUT hccnrun -n 2 PY train.py   (train.py does `import hccn_tf`)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-# In the source tree (bindings/<name>: the build in target/release), or in a release tarball or
-# an install prefix (share/hccn/bindings/<name>: the library in lib/); include/ is at the top.
-if [ -f "$here/../../Cargo.toml" ]; then
-  root=$(cd "$here/../.." && pwd)
-  lib=$root/target/release
-else
-  root=$(cd "$here/../../../.." && pwd)
-  lib=$root/lib
-fi
+# shellcheck source=../layout.sh
+. "$here/../layout.sh" # root (with include/) and the default lib, in the source tree or a tarball
 
 py=/opt/hccn/venvs/tf/bin/python
 out=$here/build

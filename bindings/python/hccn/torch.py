@@ -218,11 +218,10 @@ def _create(opts, backend_options=None):
     if not ranks:  # the default group
         adopt, _State.adopt = _State.adopt, None
         world = _h._world
+        joined = world is not None and world._h is not None and (world.rank, world.size) == (rank, size)
         if adopt is not None and (adopt.rank(), adopt.size()) == (rank, size):
             b = adopt
-        elif world is not None and world._h is not None and (world.rank, world.size) == (rank, size) and (
-            _given_timeout(timeout) is None
-        ):
+        elif joined and _given_timeout(timeout) is None:
             b = _C.ProcessGroupHCCN.borrow(world.handle.value, timeout)
         else:
             # A timeout given to init_process_group under hccnrun cannot reach the world joined at
