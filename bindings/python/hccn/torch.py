@@ -43,7 +43,15 @@ import os
 import sysconfig
 from ctypes import byref, c_uint64
 
-import torch
+try:
+    import torch
+except ImportError as e:  # say which torch the backend next to this package is for
+    try:
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_torch_C.json")) as f:
+            _wanted = "==" + json.load(f)["torch"]
+    except (OSError, ValueError, KeyError):
+        _wanted = ""
+    raise ImportError(f"hccn.torch needs torch{_wanted} (pip install 'torch{_wanted}'): {e}") from e
 import torch.distributed as dist
 
 import hccn as _h
