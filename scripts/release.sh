@@ -10,15 +10,21 @@ usage: scripts/release.sh [--out DIR] [--from BUILD_DIR] [--wheel]
 
 Makes, in DIR (default target/dist):
   hccn-VERSION-linux-ARCH.tar.gz         the C/C++ SDK for users without a Rust toolchain:
-                                         bin/ (hccnrun, hccn-perf, hccn-trace, hccn-info),
-                                         lib/ (libhccn.so.1, libhccn.so, libhccn.a, pkg-config,
-                                         CMake), include/, debug/libhccn.so.1.debug, docs and
-                                         examples under share/, install.sh, SHA256SUMS
+                                         README.md (packaging/release-README.md), bin/ (hccnrun,
+                                         hccn-perf, hccn-trace, hccn-info), lib/ (libhccn.so.1,
+                                         libhccn.so, libhccn.a, pkg-config, CMake), include/,
+                                         debug/libhccn.so.1.debug, docs and examples under
+                                         share/doc/hccn, the TensorFlow and MindSpore bindings'
+                                         sources under share/hccn/bindings, install.sh, SHA256SUMS
   hccn-VERSION-linux-ARCH.tar.gz.sha256  the tarball's checksum (sha256sum -c)
-  with --wheel: hccn-VERSION-py3-none-manylinux_2_N_ARCH.whl (+ .sha256; N: the newest glibc
-                the build needs), the Python package carrying
-                the library and the tools (pip wheel bindings/python; python3 or $PYTHON, with
-                pip; the build backend, setuptools, comes from PyPI)
+  with --wheel: the Python package carrying the library and the tools (pip wheel
+                bindings/python), and torch.distributed's "hccn" backend when the Python that
+                builds it has torch: hccn-VERSION-cpXY-cpXY-manylinux_2_N_ARCH.whl (+ .sha256; N:
+                the newest glibc the build needs), for that Python and that torch, which the
+                wheel's `torch` extra pins and `import hccn.torch` checks; without torch
+                hccn-VERSION-py3-none-manylinux_2_N_ARCH.whl, for any Python 3 (its build backend,
+                setuptools, from PyPI). The Python: $PYTHON, else the pinned torch venv
+                /opt/hccn/venvs/torch (scripts/setup-python.sh torch) when it exists, else python3.
 
 BUILD_DIR (default target/release) must hold a release build; when the default is missing it
 is built (cargo build --release -p hccn-capi -p hccn-tools).
@@ -77,6 +83,12 @@ install -m 0644 packaging/*.in "$stage/share/hccn/packaging/"
 install -m 0644 README.md "$stage/share/doc/hccn/"
 install -m 0644 docs/*.md "$stage/share/doc/hccn/docs/"
 cp -r examples/c examples/cpp "$stage/share/doc/hccn/examples/"
+# The tarball's own README (its paths are the tarball's), and the framework bindings' sources
+# with their build.sh, which finds include/ and lib/ of the unpacked tree by itself.
+install -m 0644 packaging/release-README.md "$stage/README.md"
+find bindings/layout.sh bindings/late_rank.py bindings/tensorflow bindings/mindspore -type f ! -path '*/build/*' ! -path '*/__pycache__/*' \
+  -exec install -D -m 0644 {} "$stage/share/hccn/"{} \;
+chmod 0755 "$stage/share/hccn/bindings/tensorflow/build.sh" "$stage/share/hccn/bindings/mindspore/build.sh"
 
 (cd "$stage" && find . -type f ! -name SHA256SUMS -printf '%P\n' | LC_ALL=C sort | xargs sha256sum > SHA256SUMS)
 # Reproducible: the same build gives the same bytes (names sorted, owner and times fixed).
@@ -87,11 +99,24 @@ tar -C "$work" --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$mtime"
 echo "release.sh: $out/$name.tar.gz ($(du -h "$out/$name.tar.gz" | cut -f1))"
 
 if [ $wheel = 1 ]; then
-  py=${PYTHON:-python3}
-  rm -f "$out"/hccn-"$version"-*.whl
-  HCCN_BUILD_DIR=$from "$py" -m pip wheel -q --disable-pip-version-check --no-deps --wheel-dir "$out" bindings/python
+  torch_venv=/opt/hccn/venvs/torch/bin/python
+  py=${PYTHON:-$( [ -x $torch_venv ] && echo $torch_venv || echo python3)}
+  torch=$("$py" -c 'from importlib.metadata import version; print(version("torch"))' 2>/dev/null || true)
+  pin=$(sed -n 's/^TORCH_PIN="torch==\(.*\)"/\1/p' scripts/setup-python.sh)
+  isolation=()
+  if [ -n "$torch" ]; then
+    # The backend is compiled against the torch of $py (reused from target/torch-ext when up to
+    # date): the build must see it, so it runs in $py's environment (which has setuptools).
+    isolation=(--no-build-isolation)
+    [ "${torch%%+*}" = "$pin" ] || echo "release.sh: note: $py has torch $torch, not the pinned $pin" >&2
+  fi
+  rm -f "$out"/hccn-"$version"-*.whl "$out"/hccn-"$version"-*.whl.sha256
+  HCCN_BUILD_DIR=$from "$py" -m pip wheel -q --disable-pip-version-check --no-deps "${isolation[@]}" \
+    --wheel-dir "$out" bindings/python
   rm -rf bindings/python/build bindings/python/hccn.egg-info
   whl=$(cd "$out" && ls hccn-"$version"-*.whl)
   (cd "$out" && sha256sum "$whl" > "$whl.sha256")
-  echo "release.sh: $out/$whl ($(du -h "$out/$whl" | cut -f1))"
+  backend="torch backend for torch ${torch%%+*}"
+  [ -n "$torch" ] || backend="no torch backend: $py has no torch"
+  echo "release.sh: $out/$whl ($(du -h "$out/$whl" | cut -f1); $backend)"
 fi

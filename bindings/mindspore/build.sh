@@ -10,7 +10,8 @@
 #
 # Usage: bindings/mindspore/build.sh [--lib LIBDIR] [--out OUT] [--python PY] [--interface-test]
 #                                    [--built-for VERSION]
-#   --lib             where libhccn.so is (default target/release); linked with an rpath to it
+#   --lib             where libhccn.so is (default target/release, or lib/ of a release
+#                     tarball); linked with an rpath to it
 #   --out             where to put the package (default bindings/mindspore/build)
 #   --python          the interpreter whose MindSpore to build for
 #                     (default /opt/hccn/venvs/mindspore/bin/python)
@@ -20,9 +21,9 @@
 # Then: PYTHONPATH=OUT hccnrun -n 2 -- PY train.py   (train.py imports hccn_ms first)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
+# shellcheck source=../layout.sh
+. "$here/../layout.sh" # root (with include/) and the default lib, in the source tree or a tarball
 
-lib=$root/target/release
 out=$here/build
 python=/opt/hccn/venvs/mindspore/bin/python
 interface_test=0
@@ -37,7 +38,7 @@ while [ $# -gt 0 ]; do
     *) echo "build.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-[ -f "$lib/libhccn.so" ] || { echo "build.sh: no libhccn.so in $lib (cargo build --release)" >&2; exit 1; }
+[ -f "$lib/libhccn.so" ] || { echo "build.sh: no libhccn.so in $lib (cargo build --release, or --lib DIR)" >&2; exit 1; }
 lib=$(cd "$lib" && pwd)
 
 # The package directory without importing MindSpore (its import takes seconds).

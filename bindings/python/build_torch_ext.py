@@ -9,17 +9,18 @@ torch of the running interpreter (torch.utils.cpp_extension; no ninja needed).
 ``hccn.torch`` loads the extension from next to the ``hccn`` package it was imported from, else
 from ``<repo>/target/torch-ext/`` when imported from the source tree. The extension calls
 libhccn only through its C ABI and is not linked against it: it looks the functions up in the
-library that ``hccn._raw`` loaded. It is tied to the torch version it was built against (C++ ABI);
-a build records that version and its sources' hash in ``DIR/hccn/_torch_C.stamp`` and is
-skipped when they have not changed. Concurrent builds into one directory wait for each other.
+library that ``hccn._raw`` loaded. It is tied to the torch version it was built against (C++ ABI):
+a build states that version in ``DIR/hccn/_torch_C.json``, which ``hccn.torch`` checks at import,
+records it with its sources' hash in ``DIR/hccn/_torch_C.stamp``, and is skipped when they have
+not changed. Concurrent builds into one directory wait for each other.
 
-For a wheel, ``extension()`` gives the ``CppExtension`` and ``build_ext_class()`` the command to
-put in setup.py (see bindings/python/csrc/README.md).
+The wheel (setup.py, when the building Python has torch) carries the module and both files.
 """
 
 import argparse
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -33,6 +34,7 @@ INCLUDE = os.path.normpath(os.path.join(HERE, "..", "..", "include"))
 DEFAULT_OUT = os.path.normpath(os.path.join(HERE, "..", "..", "target", "torch-ext"))
 NAME = "hccn._torch_C"
 STAMP = "_torch_C.stamp"
+PAIRING = "_torch_C.json"
 
 
 def sources():
@@ -58,6 +60,19 @@ def build_ext_class():
     from torch.utils.cpp_extension import BuildExtension
 
     return BuildExtension.with_options(use_ninja=False)
+
+
+def pairing():
+    """What the module is tied to: torch's version (public and as installed), its C++ ABI, and
+    Python's version; ``hccn.torch`` compares them with what it runs on."""
+    import torch
+
+    return {
+        "torch": torch.__version__.split("+")[0],
+        "torch_build": torch.__version__,
+        "cxx11_abi": bool(torch.compiled_with_cxx11_abi()),
+        "python": "%d.%d" % sys.version_info[:2],
+    }
 
 
 def fingerprint():
@@ -88,12 +103,16 @@ def build(out=DEFAULT_OUT, force=False, quiet=True):
     with open(os.path.join(out, "hccn", ".build.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process building the same directory finishes first
         module = built_module(out)
-        if not force and os.path.exists(module) and os.path.exists(stamp):
+        complete = all(os.path.exists(f) for f in (module, stamp, os.path.join(out, "hccn", PAIRING)))
+        if not force and complete:
             with open(stamp) as f:
                 if f.read().strip() == want:
                     return module, 0.0, False
         t0 = time.monotonic()
         _compile(out, quiet)
+        with open(os.path.join(out, "hccn", PAIRING), "w") as f:
+            json.dump(pairing(), f, indent=1)
+            f.write("\n")
         with open(stamp, "w") as f:
             f.write(want + "\n")
         return module, time.monotonic() - t0, True

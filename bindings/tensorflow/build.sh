@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # Builds the hccn TensorFlow op library against the tensorflow-cpu of a Python environment,
 # with tf.sysconfig's compile and link flags (as Horovod does), and lays out the importable
-# package:  OUT/hccn_tf/__init__.py  OUT/hccn_tf/_hccn_tf_ops.so
+# package:  OUT/hccn_tf/__init__.py  OUT/hccn_tf/keras/  OUT/hccn_tf/_hccn_tf_ops.so
 #
 # Usage: bindings/tensorflow/build.sh [--python PY] [--lib LIBDIR] [--out OUT]
 #   --python  the interpreter with tensorflow (default /opt/hccn/venvs/tf/bin/python)
-#   --lib     where libhccn.so is (default target/release); it is linked with an rpath to it
+#   --lib     where libhccn.so is (default target/release, or lib/ of a release tarball);
+#             it is linked with an rpath to it
 #   --out     where to put the package (default bindings/tensorflow/build)
 # Then: PYTHONPATH=OUT hccnrun -n 2 PY train.py   (train.py does `import hccn_tf`)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
+# shellcheck source=../layout.sh
+. "$here/../layout.sh" # root (with include/) and the default lib, in the source tree or a tarball
 
 py=/opt/hccn/venvs/tf/bin/python
-lib=$root/target/release
 out=$here/build
 while [ $# -gt 0 ]; do
   case $1 in
@@ -23,7 +24,7 @@ while [ $# -gt 0 ]; do
     *) echo "build.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-[ -f "$lib/libhccn.so" ] || { echo "build.sh: no libhccn.so in $lib (cargo build --release)" >&2; exit 1; }
+[ -f "$lib/libhccn.so" ] || { echo "build.sh: no libhccn.so in $lib (cargo build --release, or --lib DIR)" >&2; exit 1; }
 lib=$(cd "$lib" && pwd)
 
 # One line each: the compile flags, then the link flags.
@@ -42,5 +43,6 @@ g++ -O2 -shared -fPIC -Wall -Wno-sign-compare -Wno-deprecated-declarations -Wno-
   "$here/hccn_tf_ops.cc" -o "$out/hccn_tf/_hccn_tf_ops.so.tmp" \
   -L"$lib" -lhccn -Wl,-rpath,"$lib" $lflags -Wl,-rpath,"$tfdir"
 mv "$out/hccn_tf/_hccn_tf_ops.so.tmp" "$out/hccn_tf/_hccn_tf_ops.so"
-cp "$here/hccn_tf/__init__.py" "$out/hccn_tf/__init__.py"
+# The Python package as it is (hccn_tf and hccn_tf.keras), without byte-code caches.
+(cd "$here" && find hccn_tf -name '*.py') | while read -r f; do install -D -m 0644 "$here/$f" "$out/$f"; done
 echo "build.sh: $out/hccn_tf ready (PYTHONPATH=$out)"

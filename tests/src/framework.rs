@@ -52,11 +52,12 @@ impl Framework {
         })
     }
 
-    /// Runs `bindings/<dir>/tests/<script>` on 2 ranks.
-    pub fn run_two_ranks(&self, script: &str) -> Outcome {
+    /// Runs `bindings/<dir>/tests/<script> args...` on `n` ranks.
+    pub fn run_ranks(&self, n: u32, script: &str, args: &[&str]) -> Outcome {
         let mut cmd = Command::new(launch::bin("hccnrun"));
-        cmd.args(["-n", "2", "--", self.python])
+        cmd.args(["-n", &n.to_string(), "--", self.python])
             .arg(root().join("bindings").join(self.dir).join("tests").join(script))
+            .args(args)
             .env("PYTHONPATH", self.built())
             // A framework's import and first trace can keep one rank seconds behind the other on
             // a loaded machine: give each wait more room than the default 30 s (the run's own
@@ -68,13 +69,23 @@ impl Framework {
         launch::run(cmd, RUN_TIMEOUT)
     }
 
+    /// Runs `bindings/<dir>/tests/<script>` on 2 ranks.
+    pub fn run_two_ranks(&self, script: &str) -> Outcome {
+        self.run_ranks(2, script, &[])
+    }
+
     /// Checks that `script` exited 0, that each rank printed `[tag] rank r of 2: ...<ending>`,
     /// and that nothing printed FAIL; returns the run.
     pub fn expect_ranks_ok(&self, script: &str, tag: &str, ending: &str) -> Outcome {
-        let out = self.run_two_ranks(script);
-        assert_eq!(out.code, Some(0), "{script}: {}", out.describe());
-        for r in 0..2 {
-            let line = out.stdout.lines().find(|l| l.contains(&format!("[{tag}] rank {r} of 2: ")));
+        self.expect_ranks_ok_on(2, script, &[], tag, ending)
+    }
+
+    /// [`Self::expect_ranks_ok`] on `n` ranks, with arguments for the script.
+    pub fn expect_ranks_ok_on(&self, n: u32, script: &str, args: &[&str], tag: &str, ending: &str) -> Outcome {
+        let out = self.run_ranks(n, script, args);
+        assert_eq!(out.code, Some(0), "{script} on {n} ranks: {}", out.describe());
+        for r in 0..n {
+            let line = out.stdout.lines().find(|l| l.contains(&format!("[{tag}] rank {r} of {n}: ")));
             assert!(
                 line.is_some_and(|l| l.ends_with(ending)),
                 "rank {r} did not end with {ending:?}: {}",
@@ -85,13 +96,12 @@ impl Framework {
         out
     }
 
-    /// [`Self::expect_ranks_ok`] for a training script that logs `step N: loss` per step; prints
-    /// the per-step log.
-    pub fn expect_training_matches(&self, script: &str, tag: &str) {
-        let out = self.expect_ranks_ok(script, tag, "ok");
+    /// [`Self::expect_ranks_ok_on`] for a training script that logs `step N: loss` per step;
+    /// prints the per-step log.
+    pub fn expect_training_matches(&self, n: u32, script: &str, tag: &str) {
+        let out = self.expect_ranks_ok_on(n, script, &[], tag, "ok");
         assert!(out.stdout.contains("step 7: loss"), "no per-step log: {}", out.describe());
-        let log: Vec<&str> =
-            out.stdout.lines().filter(|l| l.contains("step") || l.contains(&format!("[{tag}]"))).collect();
-        eprintln!("{}", log.join("\n"));
+        let log: Vec<&str> = out.stdout.lines().filter(|l| l.starts_with("[0]")).collect();
+        eprintln!("{n} ranks:\n{}", log.join("\n"));
     }
 }

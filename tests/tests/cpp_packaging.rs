@@ -4,12 +4,14 @@
 //! (hccn.pc shared, hccn-static.pc static), examples/cpp with CMake through `find_package(hccn)`
 //! (both targets), and every program runs with 2 ranks under the installed `hccnrun`. The
 //! installed library is checked as a distribution would: stripped, under 10 MB, soname
-//! `libhccn.so.1` with the usual link, only `hccn_*` exported. The source tree's install.sh is
+//! `libhccn.so.1` with the usual link, only `hccn_*` exported. The tarball's README names only
+//! paths the tarball holds, and it carries the TensorFlow and MindSpore bindings' sources. The source tree's install.sh is
 //! checked too (from a build, with --debug-symbols, and without a build or cargo).
 //!
 //! Needs the release build first (`cargo build --release`), and binutils, cmake and pkg-config
 //! (scripts/setup.sh installs them).
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -67,7 +69,32 @@ fn unpacked_release(dir: &Path) -> PathBuf {
     {
         assert!(tree.join(f).exists(), "the tarball lacks {f}");
     }
+    check_tarball_readme(&tree);
     tree
+}
+
+/// The tarball's README.md names only what the tarball holds (every word that starts with
+/// bin/, lib/, include/, share/ or debug/, and install.sh), and the TensorFlow and MindSpore
+/// bindings' sources are there with an executable build.sh.
+fn check_tarball_readme(tree: &Path) {
+    let readme = std::fs::read_to_string(tree.join("README.md")).expect("the tarball's README.md");
+    let mut named = 0;
+    for word in readme.split(|c: char| c.is_whitespace() || "`|(),;".contains(c)) {
+        let path = word.trim_start_matches("./").trim_end_matches(['.', ':']);
+        if ["bin/", "lib/", "include/", "share/", "debug/"].iter().any(|p| path.starts_with(p)) || path == "install.sh"
+        {
+            named += 1;
+            assert!(tree.join(path).exists(), "the tarball's README names {path}, which the tarball lacks");
+        }
+    }
+    assert!(named >= 20, "the tarball's README names only {named} paths of the tarball");
+    for binding in ["tensorflow", "mindspore"] {
+        let dir = tree.join("share/hccn/bindings").join(binding);
+        let sources = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
+        assert!(sources >= 4, "{} holds {sources} entries: the {binding} binding's sources are missing", dir.display());
+        let mode = std::fs::metadata(dir.join("build.sh")).map(|m| m.permissions().mode()).unwrap_or(0);
+        assert!(mode & 0o111 != 0, "{}/build.sh is not executable", dir.display());
+    }
 }
 
 /// Installs from the unpacked tarball as a user without Rust: its own install.sh, a bare

@@ -88,8 +88,10 @@ fn a_lost_rank_is_rank_failed_then_the_group_shrinks_and_admits_its_replacement(
 }
 
 /// A fresh venv that sees the pinned torch through a .pth file (no download), the package
-/// installed into it with pip, the extension compiled into it from nothing, then a 2-rank run
-/// with nothing from the source tree on the path.
+/// installed into it with pip (which carries the backend when the build sees torch), the
+/// extension compiled into it again from nothing (`--force`: the route of a user whose torch
+/// the package has no backend for), then a 2-rank run with nothing from the source tree on
+/// the path.
 #[test]
 fn the_extension_builds_in_a_fresh_venv_and_runs_from_the_installed_package() {
     let venv = std::env::temp_dir().join(format!("hccn-torch-venv-{}", std::process::id()));
@@ -119,7 +121,7 @@ fn the_extension_builds_in_a_fresh_venv_and_runs_from_the_installed_package() {
     cmd.arg(torch::root().join("bindings/python"));
     step("pip install bindings/python", cmd, TIMEOUT);
     let mut cmd = Command::new(&py);
-    cmd.arg(torch::root().join("bindings/python/build_torch_ext.py")).arg("--install");
+    cmd.arg(torch::root().join("bindings/python/build_torch_ext.py")).args(["--install", "--force"]);
     let built = step("build_torch_ext.py --install", cmd, Duration::from_secs(20 * 60));
     eprintln!("fresh venv: {}", built.stdout.trim());
     assert!(built.stdout.contains(&format!("{}/hccn/_torch_C", site.display())), "{}", built.describe());

@@ -7,15 +7,22 @@
 //! The wheel's platform tag (manylinux_2_N, computed by setup.py from what the library and tools
 //! need of glibc) is checked with auditwheel.
 //!
-//! Needs the release build (`cargo build --release`) and a python3 with venv. numpy and
-//! setuptools (pinned in scripts/setup-python.sh) and auditwheel come from a wheelhouse in
-//! target/wheelhouse, downloaded from PyPI on the first run only, so later runs need no network.
+//! The torch user's route: `scripts/release.sh --wheel`, where the pinned torch is installed,
+//! makes the one wheel, which then carries torch's "hccn" backend; installed into a fresh venv
+//! that has that torch, it runs 2-rank torch jobs under torchrun and its own hccnrun.
+//!
+//! Needs the release build (`cargo build --release`) and a python3 with venv; the torch test
+//! needs the torch venv (scripts/setup-python.sh torch). numpy and setuptools (pinned in
+//! scripts/setup-python.sh) and auditwheel come from a wheelhouse in target/wheelhouse,
+//! downloaded from PyPI on the first run only, so later runs need no network.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use hccn_tests::launch::{self, Outcome};
 use hccn_tests::scratch::{bare, clean, on_system_path, root, run_ok, workspace_version, TempDir};
+use hccn_tests::torch;
 
 /// PyPA's wheel checker, for the platform tag.
 const AUDITWHEEL: &str = "auditwheel==6.8.2";
@@ -23,6 +30,15 @@ const AUDITWHEEL: &str = "auditwheel==6.8.2";
 const STEP_TIMEOUT: Duration = Duration::from_secs(600);
 /// Hard limit for one 2-rank run.
 const RUN_TIMEOUT: Duration = Duration::from_secs(180);
+/// Hard limit for a release that compiles the torch backend (when target/torch-ext is stale):
+/// 1.5-6 minutes on the loaded 2-core machine.
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(20 * 60);
+/// torch's libraries, which the torch backend links and the torch the wheel pins provides.
+const TORCH_LIBS: [&str; 4] = ["libc10.so", "libtorch_cpu.so", "libtorch.so", "libtorch_python.so"];
+
+/// One build from bindings/python at a time: setuptools builds in bindings/python/build, and
+/// both tests download into the same wheelhouse.
+static BUILDING: Mutex<()> = Mutex::new(());
 
 /// A `NAME="pkg==version"` pin of scripts/setup-python.sh, so the venvs agree on versions.
 fn pin(var: &str) -> String {
@@ -79,6 +95,18 @@ fn only_wheel(dir: &Path) -> PathBuf {
     wheels[0].clone()
 }
 
+/// `auditwheel show --json` of `wheel`, with auditwheel installed into `bin`'s venv from the
+/// wheelhouse.
+fn auditwheel(bin: &Path, house: &Path, wheel: &Path) -> serde_json::Value {
+    let mut install = clean(bin.join("pip"));
+    install.args(["install", "--disable-pip-version-check", "--no-index", "--find-links"]).arg(house).arg(AUDITWHEEL);
+    run_ok(install, STEP_TIMEOUT, "pip install auditwheel");
+    let mut show = clean(bin.join("auditwheel"));
+    show.args(["show", "--json"]).arg(wheel);
+    let shown = run_ok(show, STEP_TIMEOUT, "auditwheel show").stdout;
+    serde_json::from_str(&shown).unwrap_or_else(|e| panic!("auditwheel show --json: {e}: {shown}"))
+}
+
 /// Reads the names inside a wheel (a zip file) with the standard library's zipfile.
 fn wheel_contents(python: &Path, wheel: &Path) -> String {
     let mut cmd = clean(python);
@@ -114,6 +142,7 @@ fn wheel_installs_in_a_fresh_venv_and_runs_multi_rank_jobs_without_rust() {
     // wheelhouse (as a user's pip would from PyPI).
     let build_bin = venv(&tmp.path().join("build-venv"));
     let pins = [numpy.clone(), setuptools, AUDITWHEEL.to_owned()];
+    let building = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
     let house = wheelhouse(&build_bin.join("pip"), &build_bin.join("python"), &pins);
     let dist = tmp.path().join("dist");
     let mut cmd = clean(build_bin.join("pip"));
@@ -124,6 +153,7 @@ fn wheel_installs_in_a_fresh_venv_and_runs_multi_rank_jobs_without_rust() {
         .env("PIP_FIND_LINKS", &house)
         .env("HCCN_BUILD_DIR", launch::bin_dir());
     run_ok(cmd, STEP_TIMEOUT, "pip wheel bindings/python");
+    drop(building);
     let wheel = only_wheel(&dist);
     let name = wheel.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tag = name
@@ -135,13 +165,8 @@ fn wheel_installs_in_a_fresh_venv_and_runs_multi_rank_jobs_without_rust() {
         "{name}: the library and tools need more than manylinux allows (setup.py fell back to linux_*)"
     );
     // auditwheel, PyPA's own checker, agrees with the tag setup.py computed.
-    let mut audit = clean(build_bin.join("pip"));
-    audit.args(["install", "--disable-pip-version-check", "--no-index", "--find-links"]).arg(&house).arg(AUDITWHEEL);
-    run_ok(audit, STEP_TIMEOUT, "pip install auditwheel");
-    let mut show = clean(build_bin.join("auditwheel"));
-    show.arg("show").arg(&wheel);
-    let shown = run_ok(show, STEP_TIMEOUT, "auditwheel show").stdout.split_whitespace().collect::<Vec<_>>().join(" ");
-    assert!(shown.contains(&format!("consistent with the following platform tag: \"{tag}\"")), "{shown}");
+    let audit = auditwheel(&build_bin, &house, &wheel);
+    assert_eq!(audit["overall_tag"], tag, "auditwheel: {audit}");
     let size = std::fs::metadata(&wheel).map(|m| m.len()).unwrap_or(u64::MAX);
     assert!(size < 20 << 20, "the wheel is {size} bytes: debug information left in?");
     let contents = wheel_contents(&build_bin.join("python"), &wheel);
@@ -230,4 +255,139 @@ fn wheel_installs_in_a_fresh_venv_and_runs_multi_rank_jobs_without_rust() {
         let out = run_ok(help, STEP_TIMEOUT, &format!("{tool} --help"));
         assert!(out.stdout.contains("usage:"), "{tool} --help: {}", out.describe());
     }
+}
+
+/// A fresh venv (`python -m venv --without-pip` from the torch venv's interpreter) in which the
+/// pinned torch is already installed, as on a torch user's machine: the torch venv's
+/// site-packages seen through a .pth file (no download), less its own `hccn`, through a
+/// directory of links. Returns the venv's bin directory and its site-packages.
+fn venv_with_torch(dir: &Path) -> (PathBuf, PathBuf) {
+    let mut cmd = clean(torch::python());
+    cmd.args(["-m", "venv", "--without-pip"]).arg(dir.join("venv"));
+    run_ok(cmd, STEP_TIMEOUT, "python -m venv");
+    let bin = dir.join("venv/bin");
+    let mut cmd = clean(bin.join("python"));
+    cmd.args(["-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"]);
+    let site = PathBuf::from(run_ok(cmd, STEP_TIMEOUT, "site-packages").stdout.trim());
+    let mut cmd = clean(torch::python());
+    cmd.args(["-c", "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))"]);
+    let torch_site = PathBuf::from(run_ok(cmd, STEP_TIMEOUT, "torch's site-packages").stdout.trim());
+    let view = dir.join("torch-site");
+    std::fs::create_dir_all(&view).expect("mkdir");
+    for entry in std::fs::read_dir(&torch_site).expect("torch's site-packages").flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().starts_with("hccn") {
+            std::os::unix::fs::symlink(entry.path(), view.join(&name)).expect("symlink");
+        }
+    }
+    std::fs::write(site.join("pinned_torch.pth"), format!("{}\n", view.display())).expect("write .pth");
+    (bin, site)
+}
+
+/// The torch user's route: `scripts/release.sh --wheel` with the pinned torch venv's Python
+/// makes the one wheel, which carries torch's "hccn" backend for that torch (tagged for that
+/// CPython, its `torch` extra pinning the version; auditwheel agrees on the platform but for
+/// torch's own libraries). `pip install` of it into a fresh venv that has torch and nothing of
+/// the source tree is all it takes: `dist.init_process_group("hccn")` then runs on 2 ranks under
+/// torchrun and under the wheel's hccnrun. A torch of another version is refused at import,
+/// naming both versions.
+#[test]
+fn the_released_wheel_gives_torch_its_hccn_backend_on_two_ranks() {
+    let tmp = TempDir::new("wheel-torch");
+    let version = workspace_version();
+    let torch_version = pin("TORCH_PIN").trim_start_matches("torch==").to_owned();
+    let t0 = Instant::now();
+
+    let building = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
+    let dist = tmp.path().join("dist");
+    let mut release = clean("bash");
+    release
+        .arg(root().join("scripts/release.sh"))
+        .args(["--wheel", "--out"])
+        .arg(&dist)
+        .arg("--from")
+        .arg(launch::bin_dir())
+        .env("PYTHON", torch::python());
+    let made = run_ok(release, RELEASE_TIMEOUT, "scripts/release.sh --wheel");
+    let aw_bin = venv(&tmp.path().join("auditwheel-venv"));
+    let house = wheelhouse(&aw_bin.join("pip"), &aw_bin.join("python"), &[AUDITWHEEL.to_owned()]);
+    drop(building);
+    eprintln!("release.sh --wheel: {:.0?}: {}", t0.elapsed(), made.stdout.trim());
+    assert!(made.stdout.contains(&format!("torch backend for torch {torch_version}")), "{}", made.describe());
+
+    let wheel = only_wheel(&dist);
+    let name = wheel.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tag = name.strip_prefix(&format!("hccn-{version}-")).and_then(|t| t.strip_suffix(".whl")).unwrap_or_default();
+    let (python_tag, platform) = tag.rsplit_once('-').unwrap_or_default();
+    assert!(
+        python_tag.starts_with("cp3") && platform.starts_with("manylinux_2_"),
+        "{name} is not hccn-{version}-cp3X-cp3X-manylinux_2_N_ARCH.whl"
+    );
+    let audit = auditwheel(&aw_bin, &house, &wheel);
+    assert_eq!(audit["sym_tag"], platform, "auditwheel: {audit}");
+    let external: Vec<&String> = audit["external_libs"].as_object().map(|m| m.keys().collect()).unwrap_or_default();
+    assert!(external.iter().all(|l| TORCH_LIBS.contains(&l.as_str())), "needs more than torch's libraries: {audit}");
+    let contents = wheel_contents(&aw_bin.join("python"), &wheel);
+    assert!(contents.lines().any(|l| l.starts_with("hccn/_torch_C.cpython-3")), "no torch backend: {contents}");
+    let mut metadata = clean(aw_bin.join("python"));
+    metadata
+        .args(["-c", "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); print(z.read(sys.argv[2]).decode())"])
+        .arg(&wheel)
+        .arg(format!("hccn-{version}.dist-info/METADATA"));
+    let metadata = run_ok(metadata, STEP_TIMEOUT, "the wheel's METADATA").stdout;
+    let pinned = format!("Requires-Dist: torch=={torch_version}; extra == \"torch\"");
+    assert!(metadata.contains(&pinned), "no {pinned:?} in METADATA: {metadata}");
+
+    // The user's venv: torch is there; pip installs the wheel, nothing else.
+    let (bin, site) = venv_with_torch(tmp.path());
+    let home = tmp.path().join("home");
+    std::fs::create_dir_all(&home).expect("mkdir home");
+    let user_cmd = |program: &str| {
+        let mut cmd = bare(program, Some(&bin), &home);
+        // Importing torch takes seconds per rank on a loaded machine: the ranks meet far apart.
+        cmd.current_dir(&home).env("HCCN_TIMEOUT_MS", "120000");
+        cmd
+    };
+    // As the README says, with the `torch` extra: satisfied by the torch that is there.
+    let mut install = user_cmd("python");
+    install
+        .args(["-m", "pip", "install", "--no-index", "--disable-pip-version-check"])
+        .arg(format!("{}[torch]", wheel.display()));
+    run_ok(install, STEP_TIMEOUT, "pip install 'WHEEL[torch]' into a venv with torch");
+
+    let script = root().join("bindings/python/tests/wheel_torch.py");
+    let venv_dir = tmp.path().join("venv").display().to_string();
+    let mut torchrun = user_cmd("python");
+    torchrun.args(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]).arg(&script);
+    let mut hccnrun = user_cmd("hccnrun");
+    hccnrun.args(["-n", "2", "python"]).arg(&script);
+    for (how, cmd) in [("torchrun", torchrun), ("the wheel's hccnrun", hccnrun)] {
+        let t = Instant::now();
+        let out = launch::run(cmd, RUN_TIMEOUT);
+        eprintln!("2 ranks under {how}: {:.1?}", t.elapsed());
+        expect_ok(&out, &format!("wheel_torch.py under {how}"));
+        for r in 0..2 {
+            let line = out.stdout.lines().find(|l| l.contains(&format!("rank {r} of 2: ok"))).unwrap_or_default();
+            assert!(
+                line.matches(&format!("{venv_dir}/lib/")).count() == 2 && line.contains("hccn/_torch_C.cpython-3"),
+                "under {how}, rank {r} did not run the wheel's package and backend: {}",
+                out.describe()
+            );
+        }
+    }
+
+    // Another torch: refused at import with both versions named.
+    let pairing = site.join("hccn/_torch_C.json");
+    let text = std::fs::read_to_string(&pairing).expect("the installed _torch_C.json");
+    let claimed = text.replace(&format!("\"torch\": \"{torch_version}\""), "\"torch\": \"2.14.0\"");
+    assert_ne!(claimed, text, "{}: no torch version in {text}", pairing.display());
+    std::fs::write(&pairing, claimed).expect("write _torch_C.json");
+    let mut other = user_cmd("python");
+    other.args(["-c", "import hccn.torch"]);
+    let out = launch::run(other, STEP_TIMEOUT);
+    assert_ne!(out.code, Some(0), "a backend built for another torch was loaded: {}", out.describe());
+    for want in ["built for torch 2.14.0", &format!("this Python has torch {torch_version}"), "torch==2.14.0"] {
+        assert!(out.stderr.contains(want), "no {want:?} in the import error: {}", out.describe());
+    }
+    eprintln!("the whole torch route: {:.0?}", t0.elapsed());
 }

@@ -38,11 +38,20 @@ group. examples/pytorch/elastic_ddp.py shows the whole cycle.
 
 import datetime
 import importlib.util
+import json
 import os
 import sysconfig
 from ctypes import byref, c_uint64
 
-import torch
+try:
+    import torch
+except ImportError as e:  # say which torch the backend next to this package is for
+    try:
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_torch_C.json")) as f:
+            _wanted = "==" + json.load(f)["torch"]
+    except (OSError, ValueError, KeyError):
+        _wanted = ""
+    raise ImportError(f"hccn.torch needs torch{_wanted} (pip install 'torch{_wanted}'): {e}") from e
 import torch.distributed as dist
 
 import hccn as _h
@@ -66,7 +75,9 @@ BACKEND = "hccn"
 # The extension
 
 def _load_extension():
-    """``hccn._torch_C`` from next to this package, else from the source tree's target/torch-ext."""
+    """``hccn._torch_C`` from next to this package (the wheel's, or one built with
+    ``build_torch_ext.py --install``), else from the source tree's target/torch-ext; refused with
+    what to do when it was built for another torch (its ``_torch_C.json``)."""
     name = "_torch_C" + sysconfig.get_config_var("EXT_SUFFIX")
     here = os.path.dirname(os.path.abspath(__file__))
     tried = []
@@ -77,6 +88,7 @@ def _load_extension():
         if not os.path.exists(path):
             tried.append(f"{path} (missing)")
             continue
+        _check_pairing(os.path.join(os.path.dirname(path), "_torch_C.json"))
         spec = importlib.util.spec_from_file_location("hccn._torch_C", path)
         module = importlib.util.module_from_spec(spec)
         try:
@@ -86,11 +98,32 @@ def _load_extension():
             continue
         return module
     raise ImportError(
-        f"hccn.torch: its C++ extension is not built for torch {torch.__version__}; tried "
-        + "; ".join(tried)
-        + ". Build it with `python bindings/python/build_torch_ext.py --install` (from the hccn "
-        "source tree, with the interpreter that has this torch)."
+        f"hccn.torch: this hccn {_h.__version__} has no torch backend for this Python and torch "
+        f"{torch.__version__} (tried " + "; ".join(tried) + "). Install the hccn wheel that carries it "
+        "(hccn-VERSION-cpXY-cpXY-manylinux_*.whl, from `scripts/release.sh --wheel` on a machine with "
+        "the torch it pins), or build it for this torch from the hccn source tree: "
+        "`python bindings/python/build_torch_ext.py --install`."
     )
+
+
+def _check_pairing(path):
+    """Refuses a backend built for another torch, naming both versions (the C++ ABI would fail
+    later, with an undefined symbol or a crash)."""
+    try:
+        with open(path) as f:
+            built = json.load(f)
+    except (OSError, ValueError):
+        return  # a build older than the pairing file: loading it tells
+    have = {"torch": torch.__version__.split("+")[0], "cxx11_abi": bool(torch.compiled_with_cxx11_abi())}
+    wrong = [k for k in have if k in built and built[k] != have[k]]
+    if wrong:
+        raise ImportError(
+            f"hccn.torch: hccn {_h.__version__}'s torch backend was built for torch {built.get('torch')} "
+            f"(C++11 ABI {built.get('cxx11_abi')}), but this Python has torch {torch.__version__} "
+            f"(C++11 ABI {have['cxx11_abi']}). Install torch=={built.get('torch')} (pip install "
+            "'hccn-...whl[torch]' does), or build the backend for this torch from the hccn source "
+            "tree: `python bindings/python/build_torch_ext.py --install`."
+        )
 
 
 _C = _load_extension()
@@ -155,24 +188,59 @@ def _timeout(opts):
     return t if isinstance(t, datetime.timedelta) else datetime.timedelta(seconds=float(t))
 
 
+def _given_timeout(timeout):
+    """The timeout the caller gave init_process_group (None: torch's default, which leaves
+    hccn's own, HCCN_TIMEOUT_MS)."""
+    return None if timeout == dist.default_pg_timeout else timeout
+
+
+class _deadline:
+    """While a communicator is made: its waits (joining, then every operation's) are bounded by
+    `timeout` instead of HCCN_TIMEOUT_MS, the knob the library reads then (None: unchanged)."""
+
+    def __init__(self, timeout):
+        self.ms = None if timeout is None else str(max(1, round(timeout.total_seconds() * 1000)))
+
+    def __enter__(self):
+        self.saved = os.environ.get("HCCN_TIMEOUT_MS")
+        if self.ms is not None:
+            os.environ["HCCN_TIMEOUT_MS"] = self.ms
+
+    def __exit__(self, *exc):
+        if self.ms is not None:
+            if self.saved is None:
+                del os.environ["HCCN_TIMEOUT_MS"]
+            else:
+                os.environ["HCCN_TIMEOUT_MS"] = self.saved
+
+
+def _init_rank(opts, rank, size, timeout):
+    """A communicator of its own for the group, through torch's store, with the group's timeout."""
+    with _deadline(_given_timeout(timeout)):
+        return _C.ProcessGroupHCCN.init_rank(_unique_id_via(opts.store, rank), rank, size, timeout)
+
+
 def _create(opts, backend_options=None):
     rank, size, timeout = opts.group_rank, opts.group_size, _timeout(opts)
     ranks = list(opts.global_ranks_in_group)
     if not ranks:  # the default group
         adopt, _State.adopt = _State.adopt, None
         world = _h._world
+        joined = world is not None and world._h is not None and (world.rank, world.size) == (rank, size)
         if adopt is not None and (adopt.rank(), adopt.size()) == (rank, size):
             b = adopt
-        elif world is not None and world._h is not None and (world.rank, world.size) == (rank, size):
+        elif joined and _given_timeout(timeout) is None:
             b = _C.ProcessGroupHCCN.borrow(world.handle.value, timeout)
         else:
-            b = _C.ProcessGroupHCCN.init_rank(_unique_id_via(opts.store, rank), rank, size, timeout)
+            # A timeout given to init_process_group under hccnrun cannot reach the world joined at
+            # import (its waits have HCCN_TIMEOUT_MS's bound): the group gets its own communicator.
+            b = _init_rank(opts, rank, size, timeout)
         return b
     parent = _hccn_default_group()
-    if parent is not None:  # global ranks are the default group's ranks
+    if parent is not None:  # global ranks are the default group's ranks; its deadline too
         return parent.new_group(ranks)
     # The default group is another backend's: a communicator of its own, through torch's store.
-    return _C.ProcessGroupHCCN.init_rank(_unique_id_via(opts.store, rank), rank, size, timeout)
+    return _init_rank(opts, rank, size, timeout)
 
 
 def _hccn_default_group():

@@ -4,6 +4,7 @@
     import hccn_tf
 
     hccn_tf.init()                                   # the job hccnrun started
+    # or hccn_tf.init(timeout_seconds=600): how long a collective waits for the other ranks
     g = hccn_tf.allreduce(tf.constant([1.0, 2.0]), op="average")
     rows = hccn_tf.allgather(tf.ones([hccn_tf.rank() + 1, 3]))
     w = hccn_tf.broadcast(w, root_rank=0)
@@ -18,11 +19,16 @@ Every rank must issue the same collectives in the same order. Eagerly that is pr
 Inside a tf.function, ops without a data dependency could run in any order, so each hccn op
 created in a graph gets a control dependency on the previous one in that graph: the order in
 which the Python code creates them is the order in which they run, on every rank.
+
+``hccn_tf.keras`` is Horovod's Keras API over these ops: ``DistributedOptimizer`` and the
+callbacks ``BroadcastGlobalVariablesCallback`` and ``MetricAverageCallback``, for ``model.fit``.
 """
 
 import atexit
 import ctypes
+import hashlib
 import os
+import socket
 import threading
 import weakref
 
@@ -34,6 +40,8 @@ __all__ = [
     "shutdown",
     "rank",
     "size",
+    "local_rank",
+    "local_size",
     "allreduce",
     "grouped_allreduce",
     "allgather",
@@ -55,6 +63,7 @@ _c.hccn_tf_shutdown.restype = None
 _REDUCE_OPS = ("sum", "prod", "max", "min", "average")
 _init_lock = threading.Lock()
 _initialised = False
+_local = (0, 1)  # this process's rank among the ranks of its host, and their number
 
 
 class HccnError(RuntimeError):
@@ -65,18 +74,75 @@ class HccnError(RuntimeError):
         self.code = code
 
 
-def init():
-    """Joins the job that hccnrun started (hccn_init_from_env); later calls do nothing."""
-    global _initialised
+def init(timeout_seconds=None):
+    """Joins the job that hccnrun started (hccn_init_from_env); later calls do nothing.
+
+    `timeout_seconds` (as in tf.distribute's CommunicationOptions) is how long a collective, and
+    joining the job, may wait for the other ranks before failing with DeadlineExceededError;
+    None keeps HCCN_TIMEOUT_MS (30 s unless set). It applies from the call that joins, so pass
+    it to the first init(), before any other hccn_tf call.
+    """
+    global _initialised, _local
     with _init_lock:
         if _initialised:
             return
         err = ctypes.create_string_buffer(1024)
-        code = _c.hccn_tf_init(err, len(err))
+        with _timeout_ms(timeout_seconds):
+            code = _c.hccn_tf_init(err, len(err))
         if code != 0:
             raise HccnError(code, err.value.decode(errors="replace"))
+        with tf.init_scope():  # eager even when the first call comes from a tf.function
+            _local = _local_rank_and_size(_c.hccn_tf_rank())
         _initialised = True
         atexit.register(shutdown)
+
+
+class _timeout_ms:
+    """Sets HCCN_TIMEOUT_MS, the knob the library reads when it joins, for the join only."""
+
+    def __init__(self, seconds):
+        if seconds is not None and not float(seconds) > 0:
+            raise ValueError(f"timeout_seconds must be positive, not {seconds!r}")
+        self.ms = None if seconds is None else str(max(1, round(float(seconds) * 1000)))
+
+    def __enter__(self):
+        self.saved = os.environ.get("HCCN_TIMEOUT_MS")
+        if self.ms is not None:
+            os.environ["HCCN_TIMEOUT_MS"] = self.ms
+
+    def __exit__(self, *exc):
+        if self.ms is None:
+            return
+        if self.saved is None:
+            del os.environ["HCCN_TIMEOUT_MS"]
+        else:
+            os.environ["HCCN_TIMEOUT_MS"] = self.saved
+
+
+def _host_identity():
+    """32 bytes naming this host as hccn does: boot id, host name, network, mount and IPC
+    namespaces (two namespace "hosts" on one machine are two hosts)."""
+    h = hashlib.sha256()
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            h.update(f.read())
+    except OSError:
+        pass
+    h.update(socket.gethostname().encode())
+    for ns in ("net", "mnt", "ipc"):
+        try:
+            h.update(os.stat(f"/proc/self/ns/{ns}").st_ino.to_bytes(8, "little"))
+        except OSError:
+            pass
+    return h.digest()
+
+
+def _local_rank_and_size(my_rank):
+    """Every rank's host identity, gathered (one allgather when joining): the ranks before this
+    one on its host, and how many ranks it has."""
+    mine = tf.constant([list(_host_identity())], dtype=tf.uint8)
+    hosts = [bytes(row) for row in _ops.hccn_allgather(mine).numpy()]
+    return hosts[:my_rank].count(hosts[my_rank]), hosts.count(hosts[my_rank])
 
 
 def shutdown():
@@ -96,6 +162,18 @@ def rank():
 def size():
     init()
     return _c.hccn_tf_size()
+
+
+def local_rank():
+    """This process's rank among the ranks on its host (0 .. local_size() - 1)."""
+    init()
+    return _local[0]
+
+
+def local_size():
+    """The number of ranks on this process's host."""
+    init()
+    return _local[1]
 
 
 # Graph mode: the last hccn op created in each graph, to chain the next one after it.
