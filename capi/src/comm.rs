@@ -100,7 +100,10 @@ pub unsafe extern "C" fn hccn_comm_size(comm: *const hccn_comm, size: *mut u32) 
     })
 }
 
-/// Called by every rank listed in `ranks` (and only by them); the new rank is the index in `ranks`.
+/// Called by every rank listed in `ranks` (and only by them), with the same list; the new rank is
+/// the index in `ranks`. The members meet as the group is made: a list in another order on some
+/// member fails on every member with HCCN_ERROR_MISMATCH naming the ranks; lists whose members
+/// differ never meet and fail at the deadline (HCCN_ERROR_TIMEOUT), saying so.
 #[no_mangle]
 pub unsafe extern "C" fn hccn_new_group(
     comm: *mut hccn_comm,

@@ -49,3 +49,28 @@ fn sixteen_ranks_under_a_64_mib_dev_shm_fall_back_to_tcp_instead_of_dying_of_sig
     assert!(!warnings.is_empty() && warnings.len() <= 16, "{warnings:#?}");
     assert!(warnings.iter().all(|w| w.contains("/dev/shm is full") && w.contains("64 MiB")), "{warnings:#?}");
 }
+
+#[test]
+fn group_lists_that_differ_across_ranks_fail_at_creation_naming_the_ranks() {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_hccn-groups"));
+    let env = [("HCCN_TIMEOUT_MS", "3000")];
+    for n in [2, 3, 4] {
+        let out = launch::hccnrun(n, &bin, &["order"], &env, Duration::from_secs(60));
+        let cases: Vec<&str> = out.stdout.lines().filter(|l| l.contains(" CASE ")).collect();
+        assert_eq!(cases.len(), n as usize, "{}", out.describe());
+        for c in &cases {
+            // At once, on every rank, not at the deadline.
+            assert!(c.contains("code=107") && c.contains("another order"), "{n} ranks: {c}");
+            let ms: u64 = c.split(" ms=").nth(1).and_then(|s| s.split(' ').next()?.parse().ok()).unwrap_or(u64::MAX);
+            assert!(ms < 2500, "{n} ranks: {c}");
+        }
+        assert_eq!(out.code, Some(0), "the job goes on after the mismatch: {}", out.describe());
+    }
+    // Member sets that differ never meet: every rank fails at creation, told why.
+    let out = launch::hccnrun(3, &bin, &["members"], &env, Duration::from_secs(60));
+    let cases: Vec<&str> = out.stdout.lines().filter(|l| l.contains(" CASE ")).collect();
+    assert_eq!(cases.len(), 3, "{}", out.describe());
+    for c in &cases {
+        assert!(c.contains("code=9") && c.contains("same list"), "{c}");
+    }
+}

@@ -18,7 +18,7 @@ pub mod select;
 pub(crate) mod team;
 mod traced;
 mod tree;
-mod verify;
+pub(crate) mod verify;
 
 use std::ops::Range;
 
