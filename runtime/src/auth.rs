@@ -11,7 +11,12 @@ use sha2::Sha256;
 
 use crate::error::{Error, ErrorKind, Result};
 
-const HELLO: &[u8; 8] = b"HCCNAUTH";
+/// The client's first bytes. Its blank line ends a request to an HTTP server, which then
+/// answers at once (400): what it answers shows that it is no hccn store.
+const HELLO: &[u8; 8] = b"HCCN\r\n\r\n";
+/// The server's first bytes: a side that answers anything else speaks another protocol (an
+/// echo, a banner, HTTP), which is said as such, not as a wrong token.
+const ANSWER: &[u8; 8] = b"HCCNAUTH";
 const NONCE: usize = 32;
 const MAC: usize = 32;
 
@@ -65,6 +70,19 @@ pub fn client_io(stream: &mut (impl Read + Write), token: &[u8], purpose: Purpos
     hello.push(purpose as u8);
     hello.extend_from_slice(&nonce_c);
     stream.write_all(&hello).map_err(|e| io_err("hello", e))?;
+    let mut answer = [0u8; ANSWER.len()];
+    stream.read_exact(&mut answer).map_err(|e| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Error::new(
+            ErrorKind::Timeout,
+            "the other side accepted the connection but never answered hccn's handshake (not an hccn process, \
+             or one that is stuck)",
+        ),
+        std::io::ErrorKind::UnexpectedEof => foreign(purpose, b"(closed)"),
+        _ => io_err("challenge", e),
+    })?;
+    if &answer != ANSWER {
+        return Err(foreign(purpose, &answer));
+    }
     let mut reply = [0u8; NONCE + MAC];
     stream.read_exact(&mut reply).map_err(|e| io_err("challenge", e))?;
     let (nonce_s, mac_s) = reply.split_at(NONCE);
@@ -78,6 +96,21 @@ pub fn client_io(stream: &mut (impl Read + Write), token: &[u8], purpose: Purpos
         return Err(Error::new(ErrorKind::Auth, "refused by the other side: job token mismatch"));
     }
     Ok(())
+}
+
+/// The error of a side that answered `first` where an hccn store or rank answers [`ANSWER`].
+fn foreign(purpose: Purpose, first: &[u8]) -> Error {
+    let shown: String =
+        first.iter().map(|&b| if b.is_ascii_graphic() || b == b' ' { b as char } else { '.' }).collect();
+    let (kind, what) = match purpose {
+        Purpose::Store => (ErrorKind::Store, "an hccn store"),
+        Purpose::Peer => (ErrorKind::Connect, "an hccn rank"),
+    };
+    let said = match first == HELLO {
+        true => "it sent back what it was sent (an echo service?)".to_owned(),
+        false => format!("it answered {shown:?}..., which no hccn process sends"),
+    };
+    Error::new(kind, format!("the other side is not {what}: {said}"))
 }
 
 /// Server side: the connection is usable only when this returns `Ok`.
@@ -95,7 +128,8 @@ pub fn server_io(stream: &mut (impl Read + Write), token: &[u8], purpose: Purpos
     }
     let nonce_c = &hello[HELLO.len() + 1..];
     let nonce_s: [u8; NONCE] = random_bytes()?;
-    let mut reply = Vec::with_capacity(NONCE + MAC);
+    let mut reply = Vec::with_capacity(ANSWER.len() + NONCE + MAC);
+    reply.extend_from_slice(ANSWER);
     reply.extend_from_slice(&nonce_s);
     reply.extend_from_slice(&mac(token, b"hccn-server", purpose, nonce_c, &nonce_s)?);
     stream.write_all(&reply).map_err(|e| io_err("challenge", e))?;

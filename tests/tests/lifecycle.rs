@@ -74,3 +74,48 @@ fn group_lists_that_differ_across_ranks_fail_at_creation_naming_the_ranks() {
         assert!(c.contains("code=9") && c.contains("same list"), "{c}");
     }
 }
+
+/// Serves every connection to a loopback port with `answer` (given what the client sent first)
+/// until the test ends; returns the port.
+fn foreign_server(answer: fn(&[u8]) -> Vec<u8>) -> u16 {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for mut c in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut got = vec![0u8; 256];
+                let n = c.read(&mut got).unwrap_or(0);
+                let _ = c.write_all(&answer(&got[..n]));
+                std::thread::sleep(Duration::from_secs(60));
+            });
+        }
+    });
+    port
+}
+
+#[test]
+fn a_store_address_that_is_no_hccn_store_is_named_as_such_within_seconds() {
+    let echo = foreign_server(|got| got.to_vec());
+    let banner = foreign_server(|_| b"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n".to_vec());
+    let http = foreign_server(|_| b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n".to_vec());
+    for (what, port, needle) in [
+        ("echo", echo, "not an hccn store"),
+        ("banner", banner, "not an hccn store"),
+        ("http", http, "not an hccn store"),
+        ("port 0", 0, "port 0"),
+    ] {
+        let mut cmd = std::process::Command::new(launch::bin("hccn-perf"));
+        cmd.args(["-b", "4", "-e", "4"])
+            .env("HCCN_RANK", "0")
+            .env("HCCN_WORLD_SIZE", "2")
+            .env("HCCN_STORE", format!("tcp://127.0.0.1:{port}"))
+            .env("HCCN_JOB_TOKEN", "t")
+            .env("HCCN_TIMEOUT_MS", "30000");
+        let out = launch::run(cmd, Duration::from_secs(60));
+        assert_ne!(out.code, Some(0), "{what}: {}", out.describe());
+        assert!(out.elapsed < Duration::from_secs(3), "{what}: took {:?}: {}", out.elapsed, out.describe());
+        let text = format!("{}{}", out.stdout, out.stderr);
+        assert!(text.contains(needle) && text.contains("tcp://127.0.0.1:"), "{what}: {}", out.describe());
+    }
+}

@@ -155,6 +155,9 @@ impl StoreAddr {
             if eps.is_empty() || eps.iter().any(|e| !e.contains(':')) {
                 return Err(bad("every etcd endpoint needs host:port"));
             }
+            if eps.iter().any(|e| e.rsplit(':').next().and_then(|p| p.parse::<u16>().ok()) == Some(0)) {
+                return Err(bad("port 0 names no etcd endpoint"));
+            }
             return Ok(StoreAddr::Etcd(EtcdCluster { endpoints: eps, access: EtcdAccess::default() }));
         }
         let rest = s.strip_prefix("tcp://").ok_or_else(|| bad("unknown scheme"))?;
@@ -163,6 +166,9 @@ impl StoreAddr {
             .map_err(|e| bad(&e.to_string()))?
             .next()
             .ok_or_else(|| bad("host did not resolve"))?;
+        if addr.port() == 0 {
+            return Err(bad("port 0 names no store (it means \"any free port\" to a server)"));
+        }
         Ok(StoreAddr::Tcp(addr))
     }
 
