@@ -280,7 +280,8 @@ fn usage_help_and_missing_programs() {
     assert!(f.stderr.contains("cannot start rank 0"), "{f:#?}");
 }
 
-/// Checks an hccn-perf table: header present, at least `min_rows` rows, `#wrong` all 0.
+/// Checks an hccn-perf table: header present, at least `min_rows` rows, `#wrong` 0 in both
+/// columns (out of place, in place), or N/A where the operation has no such form.
 fn assert_clean_table(f: &Finished, min_rows: usize) {
     assert!(f.status.success(), "{f:#?}");
     let table: Vec<&str> = f.stdout.lines().filter_map(|l| l.strip_prefix("[0] ")).collect();
@@ -290,8 +291,12 @@ fn assert_clean_table(f: &Finished, min_rows: usize) {
     assert!(rows.len() >= min_rows, "{f:#?}");
     for row in rows {
         let cols: Vec<&str> = row.split_whitespace().collect();
-        assert_eq!(cols.len(), 9, "{row}");
-        assert_eq!(cols[8], "0", "wrong elements in {row:?}: {f:#?}");
+        assert_eq!(cols.len(), 13, "{row}");
+        let wrong = [cols[8], cols[12]];
+        assert!(
+            wrong.iter().all(|w| ["0", "N/A"].contains(w)) && wrong.contains(&"0"),
+            "wrong elements in {row:?}: {f:#?}"
+        );
     }
     assert!(!f.stdout.lines().any(|l| l.starts_with("[1] ")), "only rank 0 prints: {f:#?}");
 }
