@@ -3,6 +3,7 @@
 
 use std::collections::HashSet;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,6 +13,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::env::JobEnv;
+use super::exits::{self, Ended};
 use super::guard::{self, Guard};
 use super::options::Options;
 use super::output::{self, Files};
@@ -95,32 +97,6 @@ fn core_for(local: u32) -> io::Result<usize> {
     Ok(cpus[local as usize % cpus.len()])
 }
 
-/// A process (its index among the job's) ended at this time.
-type Ended = (usize, Instant);
-
-/// Waits in a thread of its own for process `pid` to end and reports when, so that the job's
-/// exits are taken in the order they happened, not in the order of a poll over the ranks. The
-/// process stays unreaped (the monitor reaps it after killing its group).
-fn watch_exit(index: usize, slot: u32, pid: i32, tx: Sender<Ended>) -> io::Result<JoinHandle<()>> {
-    std::thread::Builder::new().name(format!("rank{slot}-exit")).stack_size(64 << 10).spawn(move || {
-        // The exit code of a job is the first failure's: a waiter that wakes late could put a
-        // survivor's failure first. Run it ahead of ordinary threads where that is allowed.
-        let param = libc::sched_param { sched_priority: 1 };
-        // SAFETY: sets this thread's own policy; failing (no privilege) leaves it as it was.
-        unsafe { libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_FIFO, &param) };
-        loop {
-            // SAFETY: zeroed siginfo_t is a valid out-parameter.
-            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-            // SAFETY: waits (without reaping) for our own child `pid`.
-            let rc = unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT) };
-            if rc == 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-                break;
-            }
-        }
-        let _ = tx.send((index, Instant::now()));
-    })
-}
-
 pub(super) struct Job {
     pub(super) ranks: Vec<Rank>,
     /// The job's store, asked whether the world formed when ranks exit.
@@ -146,6 +122,8 @@ pub(super) struct Job {
     next_reap: Instant,
     /// The thread that matches joiners to processes (see roster.rs), and what stops it.
     tickets: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
+    /// Where each rank holds its lifeline (exits.rs).
+    lifeline_fd: i32,
 }
 
 impl Job {
@@ -176,6 +154,7 @@ impl Job {
             sees_all: o.nnodes == 1 && !remote,
             next_reap: Instant::now(),
             tickets,
+            lifeline_fd: exits::lifeline_fd(),
         }
     }
 
@@ -225,6 +204,10 @@ impl Job {
             // children, say) and a terminal's Ctrl-C reaches the ranks only through hccnrun.
             .process_group(0);
         let parent = std::process::id() as libc::pid_t;
+        // Its end is timed by this pipe's hang-up (exits.rs); a rank without one is timed by
+        // the kernel's notice.
+        let lifeline = exits::lifeline().ok();
+        let (life_write, life_at) = (lifeline.as_ref().map_or(-1, |(_, w)| w.as_raw_fd()), self.lifeline_fd);
         let cpu = match place.host {
             None if o.bind_to_core => Some(core_for(place.local)?),
             _ => None,
@@ -249,10 +232,16 @@ impl Job {
                 if libc::getppid() != parent {
                     return Err(io::Error::from_raw_os_error(libc::ESRCH));
                 }
+                // A copy without close-on-exec, which the program keeps; failing only loses the
+                // precise timing.
+                if life_write >= 0 {
+                    libc::dup2(life_write, life_at);
+                }
                 Ok(())
             })
         };
         let mut child = cmd.spawn()?;
+        let life_read = lifeline.map(|(r, _)| r);
         let pid = child.id() as i32;
         self.guard.watch(pid);
         let index = self.ranks.len();
@@ -269,7 +258,7 @@ impl Job {
         });
         let label = self.roster.add(index, slot, restart.is_some(), place.host.is_none().then_some(pid));
         let started = (|| -> io::Result<()> {
-            self.ranks[index].waiter = Some(watch_exit(index, slot, pid, self.exits.0.clone())?);
+            self.ranks[index].waiter = Some(exits::watch(index, slot, pid, life_read, self.exits.0.clone())?);
             let streams = [(pipes.0.map(|p| Box::new(p) as Box<dyn io::Read + Send>), files.stdout, false, "out")]
                 .into_iter()
                 .chain([(pipes.1.map(|p| Box::new(p) as Box<dyn io::Read + Send>), files.stderr, true, "err")]);

@@ -16,6 +16,7 @@ use crate::args::Args;
 use crate::world::World;
 
 mod env;
+mod exits;
 mod guard;
 mod job;
 mod limits;
