@@ -9,6 +9,8 @@
  *                  and exit 0 (a failure the job outlives)
  *   rebuild        rank 1 SIGKILLs itself; the survivors rebuild, admitting the replacement
  *                  hccnrun starts; everyone prints its rank in the new world and exits 0
+ *   churn N        N cycles of: the last rank SIGKILLs itself after an allreduce, the others
+ *                  rebuild, admitting its replacement; rank 0 prints "EPOCH e" at each epoch
  */
 #include <signal.h>
 #include <stdio.h>
@@ -144,6 +146,34 @@ static int rebuild(void)
     return ok == 0 ? 0 : 1;
 }
 
+static int churn(uint64_t cycles)
+{
+    hccn_comm *c = join();
+    for (;;) {
+        uint32_t me = rank_of(c), n = size_of(c);
+        uint64_t epoch = 0;
+        hccn_comm_epoch(c, &epoch);
+        if (reduce(c, n) == 0) {
+            if (me == 0)
+                printf("EPOCH %llu\n", (unsigned long long)epoch);
+            if (epoch >= cycles) {
+                hccn_comm_destroy(c);
+                return 0;
+            }
+            if (me == n - 1)
+                raise(SIGKILL);
+            continue;
+        }
+        hccn_comm *next;
+        if (hccn_comm_rebuild(c, 60000, &next) != HCCN_SUCCESS) {
+            fprintf(stderr, "rank %u: rebuild: %s\n", me, hccn_get_last_error());
+            return 1;
+        }
+        hccn_comm_destroy(c);
+        c = next;
+    }
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -156,6 +186,8 @@ int main(int argc, char **argv)
         return shrink();
     if (!strcmp(mode, "rebuild"))
         return rebuild();
-    fprintf(stderr, "usage: launcher_rank env|first [segv]|shrink|rebuild\n");
+    if (!strcmp(mode, "churn") && argc > 2)
+        return churn(strtoull(argv[2], NULL, 10));
+    fprintf(stderr, "usage: launcher_rank env|first [segv]|shrink|rebuild|churn N\n");
     return 2;
 }

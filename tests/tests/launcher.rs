@@ -2,7 +2,8 @@
 //! a C and a Python rank get, `*.py` programs, per-rank output files, `--version` on every tool,
 //! the exit code of the first failure by time, elastic jobs with nobody left to admit a
 //! replacement, labels that follow a rank through a rebuild, ranks under a wrapper killed with
-//! a SIGKILLed hccnrun, and a job under `ulimit -Sn 64`. The C rank is tests/c/launcher_rank.c.
+//! a SIGKILLed hccnrun, a job under `ulimit -Sn 64`, and hccnrun's memory over hundreds of
+//! elastic rebuilds. The C rank is tests/c/launcher_rank.c.
 //!
 //! Needs the release build (`cargo build --release`) and gcc; about half a minute.
 
@@ -283,4 +284,40 @@ fn a_soft_descriptor_limit_of_64_is_raised_for_the_job() {
     let out = sh(format!("ulimit -n 100; exec {hccnrun} -n 16 sh -c 'echo ok'"));
     assert_eq!(out.code, Some(0), "{}", out.describe());
     assert_eq!(out.stderr.matches("the open-file limit is 100").count(), 1, "{}", out.describe());
+}
+
+/// Resident memory of process `pid`, KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = status.lines().find_map(|l| l.strip_prefix("VmRSS:"));
+    field.and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap_or(0)
+}
+
+#[test]
+fn hccnrun_stays_small_over_hundreds_of_elastic_rebuilds() {
+    // Each cycle: a rank dies, hccnrun starts its replacement, the survivors rebuild. hccnrun
+    // used to keep 17 KB per cycle (the stacks of the ended ranks' output threads).
+    let (first, last) = (100u64, 400u64);
+    let program = rank_program().to_string_lossy().into_owned();
+    let cycles = last.to_string();
+    let restarts = (last + 10).to_string();
+    let mut cmd = Command::new(launch::bin("hccnrun"));
+    cmd.args(["--elastic", "--max-restarts", &restarts, "-n", "3", &program, "churn", &cycles]);
+    let mut rss = Vec::new();
+    let out = launch::run_watching(cmd, TIMEOUT, |p| {
+        // The only hccnrun of this test binary whose ranks churn.
+        let hccnrun = marked("churn").into_iter().find(|(_, a)| a.ends_with("hccnrun")).map(|(p, _)| p);
+        for epoch in [first, last] {
+            let _ = p.wait_line(TIMEOUT, |l| l == format!("[0] EPOCH {epoch}"));
+            rss.push(hccnrun.map_or(0, rss_kib));
+        }
+    });
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    assert!(rss.len() == 2 && rss[0] > 0, "hccnrun's memory was not read: {rss:?}");
+    let per_cycle = rss[1].saturating_sub(rss[0]) as f64 / (last - first) as f64;
+    eprintln!(
+        "hccnrun: {} KiB after {first} rebuilds, {} KiB after {last}: {per_cycle:.2} KiB per rebuild",
+        rss[0], rss[1]
+    );
+    assert!(per_cycle < 4.0, "hccnrun grows {per_cycle:.2} KiB per rebuild ({rss:?} KiB)");
 }
