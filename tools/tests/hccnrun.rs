@@ -301,29 +301,14 @@ fn assert_clean_table(f: &Finished, min_rows: usize) {
     assert!(!f.stdout.lines().any(|l| l.starts_with("[1] ")), "only rank 0 prints: {f:#?}");
 }
 
+/// `hccnrun -n RANKS --timeout 100 hccn-perf ARGS...`, within two minutes.
+fn perf(ranks: &str, args: &[&str]) -> Finished {
+    run(&[&["-n", ranks, "--timeout", "100", PERF], args].concat(), Duration::from_secs(120))
+}
+
 #[test]
 fn perf_allreduce_checks_clean() {
-    let args = [
-        "-n",
-        "2",
-        "--timeout",
-        "100",
-        PERF,
-        "--op",
-        "allreduce",
-        "-b",
-        "8",
-        "-e",
-        "1M",
-        "-f",
-        "4",
-        "-c",
-        "-w",
-        "1",
-        "-n",
-        "2",
-    ];
-    let f = run(&args, Duration::from_secs(120));
+    let f = perf("2", &["--op", "allreduce", "-b", "8", "-e", "1M", "-f", "4", "-c", "-w", "1", "-n", "2"]);
     // 8, 32, ... 512K bytes: nine sizes.
     assert_clean_table(&f, 9);
 }
@@ -338,33 +323,8 @@ fn perf_every_collective_checks_clean_on_three_ranks() {
         ("alltoall", "int32", "sum"),
         ("allreduce", "uint8", "avg"),
     ] {
-        let args = [
-            "-n",
-            "3",
-            "--timeout",
-            "100",
-            PERF,
-            "--op",
-            op,
-            "--dtype",
-            dtype,
-            "--redop",
-            redop,
-            "--root",
-            "2",
-            "-b",
-            "8",
-            "-e",
-            "256K",
-            "-f",
-            "8",
-            "-c",
-            "-w",
-            "1",
-            "-n",
-            "2",
-        ];
-        let f = run(&args, Duration::from_secs(120));
+        let args = ["--op", op, "--dtype", dtype, "--redop", redop, "--root", "2", "-b", "8", "-e", "256K", "-f", "8"];
+        let f = perf("3", &[&args[..], &["-c", "-w", "1", "-n", "2"]].concat());
         assert_clean_table(&f, 4);
     }
 }
@@ -516,37 +476,8 @@ fn perf_every_op_type_and_reduce_op_checks_clean_in_both_placements_with_json_an
         let (json, csv) = (dir.join(format!("{op}.json")), dir.join(format!("{op}.csv")));
         for (file, per_iter) in [(&json, "1"), (&csv, "0")] {
             let file = file.to_string_lossy().into_owned();
-            let args = [
-                "-n",
-                "2",
-                "--timeout",
-                "100",
-                PERF,
-                "--op",
-                op,
-                "-d",
-                "all",
-                "-o",
-                "all",
-                "-r",
-                "all",
-                "-b",
-                "64",
-                "-e",
-                "4K",
-                "-f",
-                "64",
-                "-c",
-                "-w",
-                "1",
-                "-n",
-                "2",
-                "-I",
-                per_iter,
-                "-J",
-                &file,
-            ];
-            let f = run(&args, Duration::from_secs(120));
+            let sweep = ["--op", op, "-d", "all", "-o", "all", "-r", "all", "-b", "64", "-e", "4K", "-f", "64"];
+            let f = perf("2", &[&sweep[..], &["-c", "-w", "1", "-n", "2", "-I", per_iter, "-J", &file]].concat());
             assert!(f.stdout.contains("# Wrong elements       : 0 OK"), "{op}: {f:#?}");
             let table: Vec<&str> = f.stdout.lines().filter_map(|l| l.strip_prefix("[0] ")).collect();
             let rows = table.iter().filter(|l| !l.starts_with('#')).count();
