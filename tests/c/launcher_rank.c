@@ -7,6 +7,8 @@
  *                  exit 10 as soon as their allreduce fails
  *   shrink         the last rank SIGKILLs itself mid-run; the survivors shrink, reduce once more
  *                  and exit 0 (a failure the job outlives)
+ *   straggler      every rank reduces 5 times; the others exit 0, the last rank SIGKILLs itself
+ *                  200 ms later (a failure on the way out, after the job's work)
  *   rebuild        rank 1 SIGKILLs itself; the survivors rebuild, admitting the replacement
  *                  hccnrun starts; everyone prints its rank in the new world and exits 0
  *   churn N        N cycles of: the last rank SIGKILLs itself after an allreduce, the others
@@ -114,6 +116,22 @@ static int shrink(void)
     return 0;
 }
 
+static int straggler(void)
+{
+    hccn_comm *c = join();
+    uint32_t me = rank_of(c), n = size_of(c);
+    for (int i = 0; i < 5; i++)
+        if (reduce(c, n) != 0)
+            return 1;
+    printf("DONE rank=%u\n", me);
+    if (me == n - 1) {
+        usleep(200 * 1000);
+        raise(SIGKILL);
+    }
+    hccn_comm_destroy(c);
+    return 0;
+}
+
 static int rebuild(void)
 {
     hccn_comm *c = join();
@@ -186,8 +204,10 @@ int main(int argc, char **argv)
         return shrink();
     if (!strcmp(mode, "rebuild"))
         return rebuild();
+    if (!strcmp(mode, "straggler"))
+        return straggler();
     if (!strcmp(mode, "churn") && argc > 2)
         return churn(strtoull(argv[2], NULL, 10));
-    fprintf(stderr, "usage: launcher_rank env|first [segv]|shrink|rebuild|churn N\n");
+    fprintf(stderr, "usage: launcher_rank env|first [segv]|shrink|straggler|rebuild|churn N\n");
     return 2;
 }

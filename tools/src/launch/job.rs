@@ -528,21 +528,25 @@ impl Job {
         }
     }
 
+    /// Whether the job absorbed failure `f` (--elastic): a rank that was running when it happened
+    /// exited 0 later, on its own (the others went on without it); or nothing else was running
+    /// then, and the last to end before had exited 0 (the job had done its work: a straggler
+    /// failed on its way out).
+    fn absorbed(&self, f: &Failure) -> bool {
+        let clean = |r: &Rank| !r.stopped && r.status.is_some_and(|s| s.success());
+        let others = || self.ranks.iter().enumerate().filter(move |(i, _)| *i != f.index).map(|(_, r)| r);
+        let running_then = |r: &&Rank| r.started < f.at && r.exited_at.is_none_or(|t| t > f.at);
+        if others().filter(running_then).any(clean) {
+            return true;
+        }
+        let before = others().filter(|r| r.exited_at.is_some_and(|t| t <= f.at)).max_by_key(|r| r.exited_at);
+        others().find(running_then).is_none() && before.is_some_and(clean)
+    }
+
     /// hccnrun's exit code: the earliest of the failures and of the events that decide it, 0
-    /// when there is none. With --elastic a failure that a rank outlived (running when it
-    /// happened, exiting 0 later, on its own) was absorbed by the job and does not count.
+    /// when there is none. With --elastic a failure the job absorbed does not count.
     pub(super) fn outcome(&self, elastic: bool) -> i32 {
-        let outlived = |f: &Failure| {
-            elastic
-                && self.ranks.iter().enumerate().any(|(i, r)| {
-                    i != f.index
-                        && !r.stopped
-                        && r.started < f.at
-                        && r.exited_at.is_some_and(|t| t > f.at)
-                        && r.status.is_some_and(|s| s.success())
-                })
-        };
-        let failures = self.failures.iter().filter(|f| !outlived(f)).map(|f| (f.at, f.code));
+        let failures = self.failures.iter().filter(|f| !(elastic && self.absorbed(f))).map(|f| (f.at, f.code));
         failures.chain(self.events.iter().copied()).min_by_key(|(at, _)| *at).map_or(0, |(_, code)| code)
     }
 }

@@ -182,6 +182,9 @@ pub fn run(o: &Options) -> Result<i32, String> {
     let roster = Arc::new(roster::Roster::new(&job_id, o.world_size(), in_process));
     let hccn = vec![("HCCN_STORE", store_url), ("HCCN_JOB_ID", job_id), ("HCCN_JOB_TOKEN", token)];
     let env = env::JobEnv::new(o, hccn, cfg.bind_addr)?;
+    if let Some(dir) = &o.output_dir {
+        std::fs::create_dir_all(dir).map_err(|e| format!("--output-dir {}: {e}", dir.display()))?;
+    }
     let guard = guard::Guard::start()?;
     install_signal_handlers();
     let mut job = Job::new(o, world, roster, guard, env);
@@ -192,10 +195,13 @@ pub fn run(o: &Options) -> Result<i32, String> {
         if let Err(e) = job.spawn(o, rank, None) {
             let (program, _) = o.command_line();
             let program = program.to_string_lossy();
-            let hint = if program != o.program.to_string_lossy() && e.kind() == io::ErrorKind::NotFound {
-                format!(" ({program}, which runs a .py program, is not on PATH; give --python)")
-            } else {
-                String::new()
+            let hint = match (&o.python, e.kind()) {
+                _ if program == o.program.to_string_lossy() => String::new(),
+                (Some(_), io::ErrorKind::NotFound) => " (the interpreter --python names)".to_owned(),
+                (None, io::ErrorKind::NotFound) => {
+                    format!(" ({program}, which runs a .py program, is not on PATH; give --python)")
+                }
+                _ => String::new(),
             };
             say(format_args!("cannot start rank {rank} ({program}): {e}{hint}"));
             job.event(if e.kind() == io::ErrorKind::NotFound { 127 } else { 126 });
