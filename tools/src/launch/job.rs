@@ -120,8 +120,8 @@ pub(super) struct Job {
     /// tell that no member is left to admit a replacement.
     sees_all: bool,
     next_reap: Instant,
-    /// The thread that matches joiners to processes (see roster.rs), and what stops it.
-    tickets: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
+    /// The threads that follow membership in the store (roster.rs), and what stops them.
+    watchers: (Arc<AtomicBool>, Vec<JoinHandle<()>>),
     /// Where each rank holds its lifeline (exits.rs).
     lifeline_fd: i32,
 }
@@ -130,13 +130,19 @@ impl Job {
     pub(super) fn new(o: &Options, world: World, roster: Arc<Roster>, guard: Guard, env: JobEnv) -> Job {
         let remote = o.hosts.iter().flatten().any(|h| h.name != "localhost");
         let stop = Arc::new(AtomicBool::new(false));
-        let tickets = match roster.watch_tickets(world.another(), stop.clone()) {
-            Ok(t) => Some((stop, t)),
-            Err(e) => {
-                say(format_args!("cannot follow joining ranks ({e}); replacements stay labelled [joining]"));
-                None
+        let mut watchers = Vec::new();
+        match roster.watch_tickets(world.another(), stop.clone()) {
+            Ok(t) => watchers.push(t),
+            Err(e) => say(format_args!("cannot follow joining ranks ({e}); replacements stay labelled [joining]")),
+        }
+        if !roster.in_process() {
+            match roster.watch_decisions(world.another(), stop.clone()) {
+                Ok(t) => watchers.push(t),
+                Err(e) => {
+                    say(format_args!("cannot follow membership changes ({e}); output keeps the ranks it starts with"))
+                }
             }
-        };
+        }
         Job {
             ranks: Vec::new(),
             world,
@@ -153,7 +159,7 @@ impl Job {
             restarts: 0,
             sees_all: o.nnodes == 1 && !remote,
             next_reap: Instant::now(),
-            tickets,
+            watchers: (stop, watchers),
             lifeline_fd: exits::lifeline_fd(),
         }
     }
@@ -487,7 +493,7 @@ impl Job {
     }
 
     /// Joins the threads of ranks that have ended (a thread's stack stays until it is joined),
-    /// reaps adopted processes, and looks for membership changes in a store elsewhere.
+    /// reaps adopted processes, and takes in membership changes no line has asked for yet.
     fn housekeeping(&mut self) {
         let (done, open): (Vec<_>, Vec<_>) = self.readers.drain(..).partition(|(_, t)| t.is_finished());
         self.readers = open;
@@ -498,15 +504,14 @@ impl Job {
             guard::reap_adopted(&self.own_pids());
             self.next_reap = Instant::now() + REAP_EVERY;
         }
-        let roster = self.roster.clone();
-        roster.poll(&mut self.world);
+        self.roster.poll();
     }
 
     /// After the last rank: ends what the ranks left behind, then joins the output threads so
     /// that every line reaches hccnrun's output before it exits.
     pub(super) fn drain(&mut self) {
-        if let Some((stop, t)) = self.tickets.take() {
-            stop.store(true, Ordering::Relaxed);
+        self.watchers.0.store(true, Ordering::Relaxed);
+        for t in self.watchers.1.drain(..) {
             let _ = t.join();
         }
         guard::end_adopted(&self.own_pids(), DRAIN_LIMIT);

@@ -12,21 +12,21 @@
 //! Lines are labelled with the rank as hccnrun knows it when it forwards them. With the
 //! embedded store (in this process) every line first checks for a new decision, which is
 //! recorded before any member's shrink or rebuild returns, so a line written after one carries
-//! the new rank; with a store elsewhere hccnrun looks every [`POLL_EVERY`].
+//! the new rank; with a store elsewhere a watcher takes each decision in as it is recorded (so a
+//! line written at once after one may still carry the old rank). A line written just before a
+//! change but forwarded after it carries the new rank.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hccn_runtime::sync::Locked;
 use hccn_runtime::StoreServer;
 
-/// How often a store elsewhere is asked for new decisions.
-const POLL_EVERY: Duration = Duration::from_millis(200);
-/// How long the ticket watcher waits for a joiner's address before it looks at `stop` again.
-const TICKET_WAIT: Duration = Duration::from_millis(200);
+/// How long a watcher waits for a key before it looks at `stop` again.
+const KEY_WAIT: Duration = Duration::from_millis(200);
 
 /// The label of one process's output: its rank, or what it is while it has none.
 #[derive(Debug, Clone, Default)]
@@ -89,7 +89,6 @@ struct State {
     matched: Vec<(u64, usize)>,
     /// A decision that does not read as expected: labels stay as they are from then on.
     lost: bool,
-    next_poll: Option<Instant>,
 }
 
 /// The job's view of who holds which rank.
@@ -230,22 +229,12 @@ impl Roster {
         self.update(&mut Hosted(hosted));
     }
 
-    /// From the monitor, every round: the embedded store is read in this process; a store
-    /// elsewhere is asked every [`POLL_EVERY`].
-    pub(super) fn poll(&self, get: Lookup<'_>) {
+    /// From the monitor, every round, with the embedded store: what no line has asked for yet
+    /// (a store elsewhere has its watcher, [`Roster::watch_decisions`]).
+    pub(super) fn poll(&self) {
         if let Some(hosted) = &self.hosted {
             self.update(&mut Hosted(hosted));
-            return;
         }
-        {
-            let mut s = self.state.locked();
-            let now = Instant::now();
-            if s.lost || s.next_poll.is_some_and(|t| now < t) {
-                return;
-            }
-            s.next_poll = Some(now + POLL_EVERY);
-        }
-        self.update(get);
     }
 
     /// The world's prefix: the first world of the job's live generation (asked until the ranks
@@ -294,32 +283,63 @@ impl Roster {
         holder_of(s, addr)
     }
 
-    /// Matches each join ticket to its process as soon as the joiner publishes its address, in
-    /// a thread of its own that waits for the address in the store: a joiner may end moments
-    /// after it is admitted (and its sockets with it), and a store that forgets admitted tickets
-    /// may have dropped the address by the time the decision is read. Runs until `stop`.
-    pub(super) fn watch_tickets(
+    /// Runs `step` with the world's prefix, in a thread named `name`, until `stop`: the
+    /// roster's watchers, each waiting on one key of the store at a time (with a connection of
+    /// its own, `records`).
+    fn watcher(
         self: &Arc<Self>,
+        name: &str,
         mut records: impl Records + Send + 'static,
         stop: Arc<AtomicBool>,
+        mut step: impl FnMut(&Roster, &mut dyn Records, &str) + Send + 'static,
     ) -> std::io::Result<JoinHandle<()>> {
         let roster = self.clone();
-        std::thread::Builder::new().name("hccnrun-tickets".into()).spawn(move || {
-            let mut world = None;
-            let mut ticket = 0;
+        std::thread::Builder::new().name(name.into()).spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                let Some(w) = world.clone().or_else(|| roster.world_now(&mut records)) else {
-                    std::thread::sleep(TICKET_WAIT);
-                    continue;
-                };
-                world = Some(w.clone());
-                ticket = ticket.max(roster.state.locked().next_ticket);
-                if let Some(addr) = records.wait(&addr_key(&w, ticket), TICKET_WAIT) {
-                    roster.match_ticket(ticket, &addr);
-                    ticket += 1;
+                match roster.world_now(&mut records).filter(|_| !roster.state.locked().lost) {
+                    Some(world) => step(&roster, &mut records, &world),
+                    None => std::thread::sleep(KEY_WAIT),
                 }
             }
         })
+    }
+
+    /// Matches each join ticket to its process as soon as the joiner publishes its address: a
+    /// joiner may end moments after it is admitted (and its sockets with it), and a store that
+    /// forgets admitted tickets may have dropped the address by the time the decision is read.
+    pub(super) fn watch_tickets(
+        self: &Arc<Self>,
+        records: impl Records + Send + 'static,
+        stop: Arc<AtomicBool>,
+    ) -> std::io::Result<JoinHandle<()>> {
+        let mut ticket = 0;
+        self.watcher("hccnrun-tickets", records, stop, move |roster, records, world| {
+            ticket = ticket.max(roster.state.locked().next_ticket);
+            if let Some(addr) = records.wait(&addr_key(world, ticket), KEY_WAIT) {
+                roster.match_ticket(ticket, &addr);
+                ticket += 1;
+            }
+        })
+    }
+
+    /// With a store elsewhere, takes each decision in as soon as it is recorded (lines are not
+    /// checked one by one there: that would ask the store for each).
+    pub(super) fn watch_decisions(
+        self: &Arc<Self>,
+        records: impl Records + Send + 'static,
+        stop: Arc<AtomicBool>,
+    ) -> std::io::Result<JoinHandle<()>> {
+        self.watcher("hccnrun-epochs", records, stop, |roster, records, world| {
+            let next = epoch_key(world, roster.state.locked().epoch + 1);
+            if records.wait(&next, KEY_WAIT).is_some() {
+                roster.update(records);
+            }
+        })
+    }
+
+    /// Whether the store is this process's own (lines check it one by one).
+    pub(super) fn in_process(&self) -> bool {
+        self.hosted.is_some()
     }
 
     fn world_now(&self, get: Lookup<'_>) -> Option<String> {
@@ -503,7 +523,7 @@ mod tests {
         let world = hccn_runtime::rendezvous::runs::world_prefix("job/j", 4, 0);
         let mut store = Map(std::collections::HashMap::new());
         store.0.insert(epoch_key(&world, 1), bytes(&[1], &[]));
-        r.poll(&mut store);
+        r.update(&mut store);
         let shown: Vec<String> = labels.iter().map(Label::prefix).collect();
         assert_eq!(shown, ["[0] ", "[left] ", "[1] "]);
         assert!(r.is_member(2) && !r.is_member(1) && !r.is_member(3));
