@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStderr, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use super::exits::{self, Ended};
 use super::guard::{self, Guard};
 use super::options::Options;
 use super::output::{self, Files};
-use super::roster::Roster;
+use super::roster::{Label, Roster};
 use super::{describe, exit_code, say, signal_name, SIGNAL};
 use crate::hostfile;
 use crate::world::{EarlyExits, World};
@@ -95,6 +95,40 @@ fn core_for(local: u32) -> io::Result<usize> {
         return Err(io::Error::other("--bind-to core: this process may run on no CPU"));
     }
     Ok(cpus[local as usize % cpus.len()])
+}
+
+/// What the forked child does before its program starts: bind to `cpu`, die with hccnrun,
+/// and keep its lifeline (the write end, the descriptor it goes to; see exits.rs).
+fn before_exec(cmd: &mut Command, cpu: Option<usize>, lifeline: Option<(i32, i32)>) {
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs in the forked child before exec and only makes
+    // async-signal-safe calls (prctl, getppid, sched_setaffinity, dup2).
+    unsafe {
+        cmd.pre_exec(move || {
+            if let Some(cpu) = cpu {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu, &mut set);
+                if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            // The process dies with hccnrun even when hccnrun is SIGKILLed (what it starts in
+            // turn: the watcher, see guard.rs).
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // hccnrun may have died before the prctl took effect.
+            if libc::getppid() != parent {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            // A copy without close-on-exec, which the program keeps; failing only loses the
+            // precise timing.
+            if let Some((write_end, at)) = lifeline {
+                libc::dup2(write_end, at);
+            }
+            Ok(())
+        })
+    };
 }
 
 pub(super) struct Job {
@@ -209,43 +243,14 @@ impl Job {
             // Its own group, so that stopping a rank reaches whatever it started (a shell's
             // children, say) and a terminal's Ctrl-C reaches the ranks only through hccnrun.
             .process_group(0);
-        let parent = std::process::id() as libc::pid_t;
         // Its end is timed by this pipe's hang-up (exits.rs); a rank without one is timed by
         // the kernel's notice.
         let lifeline = exits::lifeline().ok();
-        let (life_write, life_at) = (lifeline.as_ref().map_or(-1, |(_, w)| w.as_raw_fd()), self.lifeline_fd);
         let cpu = match place.host {
             None if o.bind_to_core => Some(core_for(place.local)?),
             _ => None,
         };
-        // SAFETY: the closure runs in the forked child before exec and only makes
-        // async-signal-safe calls (prctl, getppid, sched_setaffinity).
-        unsafe {
-            cmd.pre_exec(move || {
-                if let Some(cpu) = cpu {
-                    let mut set: libc::cpu_set_t = std::mem::zeroed();
-                    libc::CPU_SET(cpu, &mut set);
-                    if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                }
-                // The process dies with hccnrun even when hccnrun is SIGKILLed (what it starts
-                // in turn: the watcher, see guard.rs).
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                // hccnrun may have died before the prctl took effect.
-                if libc::getppid() != parent {
-                    return Err(io::Error::from_raw_os_error(libc::ESRCH));
-                }
-                // A copy without close-on-exec, which the program keeps; failing only loses the
-                // precise timing.
-                if life_write >= 0 {
-                    libc::dup2(life_write, life_at);
-                }
-                Ok(())
-            })
-        };
+        before_exec(&mut cmd, cpu, lifeline.as_ref().map(|(_, w)| (w.as_raw_fd(), self.lifeline_fd)));
         let mut child = cmd.spawn()?;
         let life_read = lifeline.map(|(r, _)| r);
         let pid = child.id() as i32;
@@ -263,19 +268,7 @@ impl Job {
             waiter: None,
         });
         let label = self.roster.add(index, slot, restart.is_some(), place.host.is_none().then_some(pid));
-        let started = (|| -> io::Result<()> {
-            self.ranks[index].waiter = Some(exits::watch(index, slot, pid, life_read, self.exits.0.clone())?);
-            let streams = [(pipes.0.map(|p| Box::new(p) as Box<dyn io::Read + Send>), files.stdout, false, "out")]
-                .into_iter()
-                .chain([(pipes.1.map(|p| Box::new(p) as Box<dyn io::Read + Send>), files.stderr, true, "err")]);
-            for (pipe, file, to_stderr, name) in streams {
-                let Some(pipe) = pipe else { continue };
-                let name = format!("rank{slot}-{name}");
-                let t = output::start(name, label.clone(), self.roster.clone(), pipe, to_stderr, file)?;
-                self.readers.push((slot, t));
-            }
-            Ok(())
-        })();
+        let started = self.attend(index, life_read, pipes, files, label);
         if let Err(e) = started {
             // Without its waiter or readers the rank cannot be run: it goes at once.
             self.ranks[index].signal(libc::SIGKILL);
@@ -284,6 +277,29 @@ impl Job {
                 self.reap(index, Instant::now());
             }
             return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Starts the threads that wait for process `index`'s end and forward its output.
+    fn attend(
+        &mut self,
+        index: usize,
+        lifeline: Option<std::os::fd::OwnedFd>,
+        pipes: (Option<ChildStdout>, Option<ChildStderr>),
+        files: Files,
+        label: Label,
+    ) -> io::Result<()> {
+        let (slot, pid) = (self.ranks[index].slot, self.ranks[index].pid);
+        self.ranks[index].waiter = Some(exits::watch(index, slot, pid, lifeline, self.exits.0.clone())?);
+        let streams = [(pipes.0.map(|p| Box::new(p) as Box<dyn io::Read + Send>), files.stdout, false, "out")]
+            .into_iter()
+            .chain([(pipes.1.map(|p| Box::new(p) as Box<dyn io::Read + Send>), files.stderr, true, "err")]);
+        for (pipe, file, to_stderr, name) in streams {
+            let Some(pipe) = pipe else { continue };
+            let name = format!("rank{slot}-{name}");
+            let t = output::start(name, label.clone(), self.roster.clone(), pipe, to_stderr, file)?;
+            self.readers.push((slot, t));
         }
         Ok(())
     }
