@@ -17,7 +17,8 @@ HCCN_NAMES = {"hccn": "hccn", "hccn-tcp": "hccn tcp"}
 
 
 def read_times(path):
-    """bytes -> microseconds, from "bytes us" lines or hccn-perf rows ("[0] size count ... time")."""
+    """bytes -> microseconds, from "bytes us" lines or hccn-perf rows ("[0] size count ... time",
+    the out-of-place time)."""
     out = {}
     if not os.path.exists(path):
         return out
@@ -25,7 +26,7 @@ def read_times(path):
         f = line.split()
         if f and f[0] == "[0]":
             f = f[1:]
-            if len(f) == 9 and f[0].isdigit():
+            if len(f) in (9, 13) and f[0].isdigit():
                 out[int(f[0])] = float(f[5])
         elif len(f) == 2 and f[0].isdigit():
             out[int(f[0])] = float(f[1])

@@ -208,8 +208,9 @@ fn survivors_shrink_without_task_abort() {
         launch::expect_shrunk(&out, n, &victims);
         let left = n - victims.len() as u32;
         for r in (0..n).filter(|r| !victims.contains(r)) {
-            // The shrunk communicator's HCCL side came from a fresh root info.
-            let init = format!("[{r}] ");
+            // The shrunk communicator's HCCL side came from a fresh root info (made after the
+            // shrink: hccnrun labels it with the new rank).
+            let init = format!("[{}] ", launch::rank_after(r, &victims));
             assert!(
                 all.lines()
                     .any(|l| l.starts_with(&init) && l.contains(&format!("HcclCommInitRootInfo nRanks={left} "))),

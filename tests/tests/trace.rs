@@ -22,7 +22,8 @@ fn temp_dir(label: &str) -> PathBuf {
 /// Runs the traced sweep into `dir`, with the ring forced (the byte counts below are its own).
 fn traced_run(dir: &Path) {
     let perf = launch::bin("hccn-perf");
-    let args = ["--op", "allreduce", "-b", "1K", "-e", "64K", "-f", "4", "-w", "1", "-n", "2"];
+    // Out of place only: the counts below are those of one column.
+    let args = ["--op", "allreduce", "--place", "out", "-b", "1K", "-e", "64K", "-f", "4", "-w", "1", "-n", "2"];
     let dir = dir.to_str().expect("utf-8 temp dir");
     let env = [("HCCN_TRACE", dir), ("HCCN_JOB_ID", "tracetest"), ("HCCN_ALGO", "ring")];
     let out = launch::hccnrun(RANKS, &perf, &args, &env, Duration::from_secs(120));

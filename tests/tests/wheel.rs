@@ -240,6 +240,18 @@ fn wheel_installs_in_a_fresh_venv_and_runs_multi_rank_jobs_without_rust() {
     let out = launch::run(perf, RUN_TIMEOUT);
     expect_ok(&out, "hccn-perf under hccnrun from the wheel");
     assert!(out.stdout.contains("# Wrong elements       : 0 OK") && out.stdout.contains("65536"), "{}", out.describe());
+    // A .py program runs with the wheel's own Python (as torchrun runs scripts with its own),
+    // not the python3 first on PATH (here the system's: the venv is not on it).
+    let script = tmp.path().join("which.py");
+    std::fs::write(&script, "import sys; print('PYTHON', sys.executable)\n").expect("write which.py");
+    let mut py = bare(user_bin.join("hccnrun"), None, &home);
+    py.current_dir(&home).args(["--nproc-per-node", "2"]).arg(&script);
+    let out = launch::run(py, RUN_TIMEOUT);
+    expect_ok(&out, "hccnrun --nproc-per-node 2 which.py from the wheel");
+    for r in 0..2 {
+        let want = format!("[{r}] PYTHON {}", user.display());
+        assert!(out.stdout.contains(&want), "no {want:?}: {}", out.describe());
+    }
     // The README's Python lines, as shown (its block is marked covered-by=tests/tests/wheel.rs).
     let one_liner = readme_python_line();
     let mut readme = user_cmd("sh");

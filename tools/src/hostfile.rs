@@ -52,6 +52,8 @@ pub fn parse(text: &str) -> Result<Vec<Host>, String> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Place<'a> {
     pub host: Option<&'a Host>,
+    /// The host's index among those of the file that run ranks (torchrun's GROUP_RANK).
+    pub node: u32,
     pub local: u32,
     pub local_size: u32,
 }
@@ -63,11 +65,11 @@ pub fn place(hosts: &[Host], nranks: u32, rank: u32) -> Result<Place<'_>, String
         return Err(format!("{nranks} ranks do not fit the host file's {total} slots"));
     }
     let mut first = 0;
-    for h in hosts {
+    for (node, h) in hosts.iter().enumerate() {
         let used = h.slots.min(nranks.saturating_sub(first));
         if rank < first + used {
             let host = (!is_here(&h.name)).then_some(h);
-            return Ok(Place { host, local: rank - first, local_size: used });
+            return Ok(Place { host, node: node as u32, local: rank - first, local_size: used });
         }
         first += used;
     }
@@ -153,11 +155,11 @@ mod tests {
     #[test]
     fn ranks_fill_hosts_in_order() {
         let hosts = parse("a slots=2\nb slots=2\nlocalhost slots=4").expect("parse");
-        let at = |n, r| place(&hosts, n, r).map(|p| (p.host.map(|h| h.name.clone()), p.local, p.local_size));
-        assert_eq!(at(5, 0), Ok((Some("a".into()), 0, 2)));
-        assert_eq!(at(5, 3), Ok((Some("b".into()), 1, 2)));
-        assert_eq!(at(5, 4), Ok((None, 0, 1)));
-        assert_eq!(at(3, 2), Ok((Some("b".into()), 0, 1)));
+        let at = |n, r| place(&hosts, n, r).map(|p| (p.host.map(|h| h.name.clone()), p.node, p.local, p.local_size));
+        assert_eq!(at(5, 0), Ok((Some("a".into()), 0, 0, 2)));
+        assert_eq!(at(5, 3), Ok((Some("b".into()), 1, 1, 2)));
+        assert_eq!(at(5, 4), Ok((None, 2, 0, 1)));
+        assert_eq!(at(3, 2), Ok((Some("b".into()), 1, 0, 1)));
         assert!(place(&hosts, 9, 0).is_err());
     }
 

@@ -17,6 +17,7 @@ const USAGE: &str = "usage: hccnrun -n N hccn-info [--resources]
   per operation and size, and every rank's resources: connections open, threads, shared memory
   mapped, peak resident memory, heartbeat messages per second.
   --resources: only the resources (no link is measured: quick at any size).
+  --version: hccn-info's version.
 ";
 
 /// Bytes of a host name in the allgather (longer names are cut).
@@ -225,6 +226,9 @@ fn run(resources_only: bool) -> Result<(), String> {
 
 /// hccn-info's entry point; returns the process exit code.
 pub fn main() -> i32 {
+    if std::env::args().skip(1).any(|a| a == "--version") {
+        return crate::print_version("hccn-info");
+    }
     if std::env::args().skip(1).any(|a| a == "-h" || a == "--help") {
         let _ = io::stdout().write_all(USAGE.as_bytes());
         return 0;

@@ -15,6 +15,13 @@ pub mod world;
 
 use hccn_runtime::BackendComm;
 
+/// `--version` of every tool: its name and the package's version, on stdout; the exit code.
+pub fn print_version(tool: &str) -> i32 {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout(), "{tool} {}", env!("CARGO_PKG_VERSION"));
+    0
+}
+
 /// What every tool that runs as a rank does first: read the configuration, start logging, make
 /// etcd stores and the HCCL backend usable, and join the job hccnrun describes in the
 /// environment, on the backend `HCCN_BACKEND` names.

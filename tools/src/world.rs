@@ -21,6 +21,8 @@ pub struct World {
     store: Option<Box<dyn Store>>,
     /// The connection failed once: hccnrun does without.
     unavailable: bool,
+    /// Another connection says so when the store cannot be reached.
+    quiet: bool,
     formed: bool,
 }
 
@@ -39,8 +41,14 @@ impl World {
             job_id: job_id.to_owned(),
             store: None,
             unavailable: false,
+            quiet: false,
             formed: false,
         }
+    }
+
+    /// A second connection to the same store, which does not repeat this one's complaints.
+    pub fn another(&self) -> World {
+        World { quiet: true, ..World::new(&self.url, &self.token, &self.cfg, &self.job_id) }
     }
 
     fn store(&mut self, timeout: Duration) -> Option<&dyn Store> {
@@ -52,12 +60,31 @@ impl World {
             match connected {
                 Ok(s) => self.store = Some(s),
                 Err(e) => {
-                    crate::launch::say(format_args!("cannot watch the job's store ({e}); a rank that exits early is noticed only by the others' timeout"));
+                    if !self.quiet {
+                        crate::launch::say(format_args!("cannot watch the job's store ({e}); a rank that exits early is noticed only by the others' timeout"));
+                    }
                     self.unavailable = true;
                 }
             }
         }
         self.store.as_deref()
+    }
+
+    /// Whether the store can be asked (it answered, or has not been tried yet).
+    pub fn available(&self) -> bool {
+        !self.unavailable
+    }
+
+    /// The value of `key`, waiting up to `wait` for it; `None` when it is not set by then or
+    /// the store does not answer.
+    pub fn value(&mut self, key: &str, wait: Duration) -> Option<Vec<u8>> {
+        self.store(WATCH_TIMEOUT.min(self.cfg.timeout))?.get(key, wait).ok()
+    }
+
+    /// The generation of the job rooted at `job` whose processes are alive, if any.
+    pub fn live_generation(&mut self, job: &str) -> Option<u64> {
+        let state = self.store(WATCH_TIMEOUT.min(self.cfg.timeout))?.run_state(job).ok()?;
+        state.live.then_some(state.generation)
     }
 
     /// How far the first world has come; `running` are ranks still running here (their

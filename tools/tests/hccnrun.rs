@@ -280,7 +280,8 @@ fn usage_help_and_missing_programs() {
     assert!(f.stderr.contains("cannot start rank 0"), "{f:#?}");
 }
 
-/// Checks an hccn-perf table: header present, at least `min_rows` rows, `#wrong` all 0.
+/// Checks an hccn-perf table: header present, at least `min_rows` rows, `#wrong` 0 in both
+/// columns (out of place, in place), or N/A where the operation has no such form.
 fn assert_clean_table(f: &Finished, min_rows: usize) {
     assert!(f.status.success(), "{f:#?}");
     let table: Vec<&str> = f.stdout.lines().filter_map(|l| l.strip_prefix("[0] ")).collect();
@@ -290,35 +291,24 @@ fn assert_clean_table(f: &Finished, min_rows: usize) {
     assert!(rows.len() >= min_rows, "{f:#?}");
     for row in rows {
         let cols: Vec<&str> = row.split_whitespace().collect();
-        assert_eq!(cols.len(), 9, "{row}");
-        assert_eq!(cols[8], "0", "wrong elements in {row:?}: {f:#?}");
+        assert_eq!(cols.len(), 13, "{row}");
+        let wrong = [cols[8], cols[12]];
+        assert!(
+            wrong.iter().all(|w| ["0", "N/A"].contains(w)) && wrong.contains(&"0"),
+            "wrong elements in {row:?}: {f:#?}"
+        );
     }
     assert!(!f.stdout.lines().any(|l| l.starts_with("[1] ")), "only rank 0 prints: {f:#?}");
 }
 
+/// `hccnrun -n RANKS --timeout 100 hccn-perf ARGS...`, within two minutes.
+fn perf(ranks: &str, args: &[&str]) -> Finished {
+    run(&[&["-n", ranks, "--timeout", "100", PERF], args].concat(), Duration::from_secs(120))
+}
+
 #[test]
 fn perf_allreduce_checks_clean() {
-    let args = [
-        "-n",
-        "2",
-        "--timeout",
-        "100",
-        PERF,
-        "--op",
-        "allreduce",
-        "-b",
-        "8",
-        "-e",
-        "1M",
-        "-f",
-        "4",
-        "-c",
-        "-w",
-        "1",
-        "-n",
-        "2",
-    ];
-    let f = run(&args, Duration::from_secs(120));
+    let f = perf("2", &["--op", "allreduce", "-b", "8", "-e", "1M", "-f", "4", "-c", "-w", "1", "-n", "2"]);
     // 8, 32, ... 512K bytes: nine sizes.
     assert_clean_table(&f, 9);
 }
@@ -333,33 +323,8 @@ fn perf_every_collective_checks_clean_on_three_ranks() {
         ("alltoall", "int32", "sum"),
         ("allreduce", "uint8", "avg"),
     ] {
-        let args = [
-            "-n",
-            "3",
-            "--timeout",
-            "100",
-            PERF,
-            "--op",
-            op,
-            "--dtype",
-            dtype,
-            "--redop",
-            redop,
-            "--root",
-            "2",
-            "-b",
-            "8",
-            "-e",
-            "256K",
-            "-f",
-            "8",
-            "-c",
-            "-w",
-            "1",
-            "-n",
-            "2",
-        ];
-        let f = run(&args, Duration::from_secs(120));
+        let args = ["--op", op, "--dtype", dtype, "--redop", redop, "--root", "2", "-b", "8", "-e", "256K", "-f", "8"];
+        let f = perf("3", &[&args[..], &["-c", "-w", "1", "-n", "2"]].concat());
         assert_clean_table(&f, 4);
     }
 }
@@ -499,4 +464,50 @@ fn a_rank_that_exits_before_the_world_forms_ends_the_job_at_once() {
         );
         assert!(f.elapsed < Duration::from_secs(15), "the job ended only after {:?}: {f:#?}", f.elapsed);
     }
+}
+
+#[test]
+fn perf_every_op_type_and_reduce_op_checks_clean_in_both_placements_with_json_and_csv() {
+    let dir = std::env::temp_dir().join(format!("hccnrun-perf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    for op in
+        ["allreduce", "reduce", "reduce_scatter", "allgather", "gather", "scatter", "broadcast", "alltoall", "sendrecv"]
+    {
+        let (json, csv) = (dir.join(format!("{op}.json")), dir.join(format!("{op}.csv")));
+        for (file, per_iter) in [(&json, "1"), (&csv, "0")] {
+            let file = file.to_string_lossy().into_owned();
+            let sweep = ["--op", op, "-d", "all", "-o", "all", "-r", "all", "-b", "64", "-e", "4K", "-f", "64"];
+            let f = perf("2", &[&sweep[..], &["-c", "-w", "1", "-n", "2", "-I", per_iter, "-J", &file]].concat());
+            assert!(f.stdout.contains("# Wrong elements       : 0 OK"), "{op}: {f:#?}");
+            let table: Vec<&str> = f.stdout.lines().filter_map(|l| l.strip_prefix("[0] ")).collect();
+            let rows = table.iter().filter(|l| !l.starts_with('#')).count();
+            // Two sizes for each data type (12), reduce op (5 where the op reduces) and root (2
+            // where it has one).
+            let reduces = ["allreduce", "reduce", "reduce_scatter"].contains(&op);
+            let rooted = ["reduce", "gather", "scatter", "broadcast"].contains(&op);
+            let want = 2 * 12 * if reduces { 5 } else { 1 } * if rooted { 2 } else { 1 };
+            assert_eq!(rows, want, "{op}: {f:#?}");
+            if per_iter == "1" {
+                assert!(table.iter().any(|l| l.contains("i_p99")), "{op}: per-iteration columns: {f:#?}");
+            }
+        }
+        let j: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON file")).expect("valid JSON");
+        let results = j["results"].as_array().expect("results");
+        assert!(!results.is_empty() && j["wrong_elements"]["okay"] == true, "{op}: {j}");
+        for r in results {
+            let measured = [&r["out_of_place"], &r["in_place"]].into_iter().filter(|c| !c.is_null()).count();
+            assert!(measured >= 1, "{op}: {r}");
+            for c in [&r["out_of_place"], &r["in_place"]].into_iter().filter(|c| !c.is_null()) {
+                assert_eq!(c["nwrong"], 0, "{op}: {r}");
+                assert!(c["per_iter"]["p99_us"].as_f64().is_some_and(|p| p > 0.0), "{op}: {r}");
+            }
+        }
+        let csv = std::fs::read_to_string(&csv).expect("the CSV file");
+        let lines: Vec<&str> = csv.lines().collect();
+        assert!(lines[0].starts_with("op,size,count,type,redop,root,oop_time_us"), "{op}: {csv}");
+        assert_eq!(lines.len() - 1, results.len(), "{op}: the same rows as the JSON");
+        assert!(lines[1..].iter().all(|l| l.split(',').count() == lines[0].split(',').count()), "{op}: {csv}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -274,6 +274,11 @@ def _torchrun_env_missing():
     return any(k not in os.environ for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"))
 
 
+def _under_hccnrun():
+    """hccnrun exports torchrun's variables too; its own say where the job's world is."""
+    return "HCCN_RANK" in os.environ and "HCCN_STORE" in os.environ
+
+
 def _host_store(rank, size):
     """Rank 0 opens a torch TCPStore on a free port and returns the port; others return 0."""
     if rank != 0:
@@ -386,5 +391,5 @@ _register()
 # must read the peer with process_vm_readv) only when DDP_DISABLE_COMM_MEM is "0"; torch's default
 # is "1". A value the user set is kept.
 os.environ.setdefault("DDP_DISABLE_COMM_MEM", "0")
-if _torchrun_env_missing() and not _h.is_initialized():
+if (_under_hccnrun() or _torchrun_env_missing()) and not _h.is_initialized():
     _join_from_hccnrun()

@@ -1,48 +1,51 @@
-//! The ranks hccnrun started on this host: spawning (with binding and the job's environment),
-//! forwarding their output, watching for exits, grace and stopping, elastic replacements.
+//! The ranks hccnrun started: spawning (with binding and the job's environment), their exits in
+//! the order they happened, grace and stopping, elastic replacements, and the exit code.
 
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::collections::HashSet;
+use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStderr, ChildStdout, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use super::env::JobEnv;
+use super::exits::{self, Ended};
+use super::guard::{self, Guard};
+use super::options::Options;
+use super::output::{self, Files};
+use super::roster::{Label, Roster};
+use super::{describe, exit_code, say, signal_name, SIGNAL};
+use crate::hostfile;
 use crate::world::{EarlyExits, World};
 
-use super::*;
+/// How stopped ranks get between SIGTERM and SIGKILL.
+const TERM_TO_KILL: Duration = Duration::from_secs(1);
+/// The longest the monitor sleeps between looks at signals, deadlines and the store.
+const POLL: Duration = Duration::from_millis(15);
+/// How often processes that ranks left behind (adopted by hccnrun) are reaped.
+const REAP_EVERY: Duration = Duration::from_millis(500);
+/// How long output may keep flowing after every rank has exited; only a descendant that left
+/// its rank's process group can hold a pipe open that long.
+const DRAIN_LIMIT: Duration = Duration::from_secs(2);
+const EXIT_TIMEOUT: i32 = 124;
 
-/// Copies `pipe` to hccnrun's stdout or stderr line by line, each line prefixed with the rank.
-fn forward(rank: u32, pipe: impl Read, to_stderr: bool) {
-    let prefix = format!("[{rank}] ");
-    let mut reader = BufReader::with_capacity(64 << 10, pipe);
-    let mut line = Vec::new();
-    loop {
-        line.clear();
-        line.extend_from_slice(prefix.as_bytes());
-        match reader.read_until(b'\n', &mut line) {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
-        }
-        if !line.ends_with(b"\n") {
-            line.push(b'\n');
-        }
-        // A closed terminal or pipe must not stop the draining, or the rank would block on a
-        // full pipe; its output is then lost, as it would be without hccnrun.
-        let _ = if to_stderr {
-            io::stderr().lock().write_all(&line)
-        } else {
-            let mut out = io::stdout().lock();
-            out.write_all(&line).and_then(|()| out.flush())
-        };
-    }
-}
-
-/// One started rank. Its pid is also its process group id.
+/// One process hccnrun started. Its pid is also its process group id.
 pub(super) struct Rank {
-    rank: u32,
+    /// The rank it was started as.
+    slot: u32,
     pid: i32,
     child: Child,
+    started: Instant,
     status: Option<ExitStatus>,
+    /// When the kernel reported its end to the thread that waits for it.
+    exited_at: Option<Instant>,
+    /// hccnrun told it to stop: its end is not one that outlived a failure.
+    stopped: bool,
+    waiter: Option<JoinHandle<()>>,
 }
 
 impl Rank {
@@ -56,36 +59,14 @@ impl Rank {
             }
         }
     }
+}
 
-    /// Reaps the rank if it has exited. Before reaping, whatever the rank left running in its
-    /// process group is killed: nothing may outlive the job, and the zombie keeps the group id
-    /// from being reused until then.
-    fn poll(&mut self) -> Option<ExitStatus> {
-        if self.status.is_some() {
-            return self.status;
-        }
-        // SAFETY: zeroed siginfo_t is a valid value; waitid leaves si_pid 0 when nothing exited.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        let flags = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
-        // SAFETY: `info` is a valid out-pointer for the call.
-        let rc = unsafe { libc::waitid(libc::P_PID, self.pid as libc::id_t, &mut info, flags) };
-        if rc != 0 {
-            // Not expected for a child of ours that is not reaped yet; std's own bookkeeping
-            // then decides, without the group clean-up.
-            self.status = self.child.try_wait().ok().flatten();
-            return self.status;
-        }
-        // SAFETY: waitid succeeded, so `info` is filled in (or still zeroed).
-        if unsafe { info.si_pid() } == 0 {
-            return None;
-        }
-        // SAFETY: the group's leader is an unreaped zombie, so the id is still this job's.
-        unsafe { libc::kill(-self.pid, libc::SIGKILL) };
-        // The rank has exited, so this returns at once; an error here would mean someone else
-        // reaped it, and it counts as a failure rather than leaving the job waiting for it.
-        self.status = Some(self.child.wait().unwrap_or_else(|_| ExitStatus::from_raw(1 << 8)));
-        self.status
-    }
+/// A rank that failed (exited non-zero or by a signal) while the job was not being stopped.
+#[derive(Debug, Clone, Copy)]
+struct Failure {
+    at: Instant,
+    index: usize,
+    code: i32,
 }
 
 /// What the job is doing about stopping.
@@ -97,19 +78,6 @@ pub(super) enum Phase {
     /// Remaining ranks have been told to stop; SIGKILL follows at the deadline.
     Stopping(Instant),
     Killed,
-}
-
-pub(super) struct Job {
-    pub(super) ranks: Vec<Rank>,
-    /// The job's store, asked whether the world formed when ranks exit.
-    pub(super) world: World,
-    pub(super) early: EarlyExits,
-    pub(super) readers: Vec<(u32, JoinHandle<()>)>,
-    /// hccnrun's exit code, fixed by the first event that decides it.
-    pub(super) outcome: Option<i32>,
-    pub(super) phase: Phase,
-    /// Replacements started so far (--elastic).
-    pub(super) restarts: u32,
 }
 
 /// The CPU that local rank `local` is bound to with `--bind-to core`: the `local`-th, modulo
@@ -129,95 +97,236 @@ fn core_for(local: u32) -> io::Result<usize> {
     Ok(cpus[local as usize % cpus.len()])
 }
 
+/// What the forked child does before its program starts: bind to `cpu`, die with hccnrun,
+/// and keep its lifeline (the write end, the descriptor it goes to; see exits.rs).
+fn before_exec(cmd: &mut Command, cpu: Option<usize>, lifeline: Option<(i32, i32)>) {
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs in the forked child before exec and only makes
+    // async-signal-safe calls (prctl, getppid, sched_setaffinity, dup2).
+    unsafe {
+        cmd.pre_exec(move || {
+            if let Some(cpu) = cpu {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu, &mut set);
+                if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            // The process dies with hccnrun even when hccnrun is SIGKILLed (what it starts in
+            // turn: the watcher, see guard.rs).
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // hccnrun may have died before the prctl took effect.
+            if libc::getppid() != parent {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            // A copy without close-on-exec, which the program keeps; failing only loses the
+            // precise timing.
+            if let Some((write_end, at)) = lifeline {
+                libc::dup2(write_end, at);
+            }
+            Ok(())
+        })
+    };
+}
+
+pub(super) struct Job {
+    pub(super) ranks: Vec<Rank>,
+    /// The job's store, asked whether the world formed when ranks exit.
+    pub(super) world: World,
+    early: EarlyExits,
+    roster: Arc<Roster>,
+    guard: Guard,
+    env: JobEnv,
+    /// Other processes hccnrun started itself and waits for elsewhere (a local etcd).
+    others: Vec<i32>,
+    readers: Vec<(u32, JoinHandle<()>)>,
+    exits: (Sender<Ended>, Receiver<Ended>),
+    failures: Vec<Failure>,
+    /// What decides the exit code by itself (a timeout, a signal to hccnrun, a rank gone before
+    /// the world formed, a rank that cannot start), with when it happened.
+    events: Vec<(Instant, i32)>,
+    pub(super) phase: Phase,
+    /// Replacements started so far (--elastic).
+    restarts: u32,
+    /// hccnrun sees every process of the world (one host, no remote ranks): only then can it
+    /// tell that no member is left to admit a replacement.
+    sees_all: bool,
+    next_reap: Instant,
+    /// The threads that follow membership in the store (roster.rs), and what stops them.
+    watchers: (Arc<AtomicBool>, Vec<JoinHandle<()>>),
+    /// Where each rank holds its lifeline (exits.rs).
+    lifeline_fd: i32,
+}
+
 impl Job {
-    /// Starts rank `rank`: here, or on its host from the host file through the remote command.
-    pub(super) fn spawn(&mut self, o: &Options, rank: u32, env: &[(&str, String)]) -> io::Result<()> {
-        let place = o.place(rank).map_err(io::Error::other)?;
-        let mut vars: Vec<(String, String)> = env.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect();
-        vars.push(("HCCN_RANK".into(), rank.to_string()));
-        vars.push(("HCCN_LOCAL_RANK".into(), place.local.to_string()));
-        vars.push(("HCCN_LOCAL_WORLD_SIZE".into(), place.local_size.to_string()));
-        let mut cmd = match place.host {
-            None => {
-                let mut cmd = Command::new(&o.program);
-                cmd.args(&o.args).envs(vars.iter().map(|(k, v)| (k, v)));
-                cmd
+    pub(super) fn new(o: &Options, world: World, roster: Arc<Roster>, guard: Guard, env: JobEnv) -> Job {
+        let remote = o.hosts.iter().flatten().any(|h| h.name != "localhost");
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut watchers = Vec::new();
+        match roster.watch_tickets(world.another(), stop.clone()) {
+            Ok(t) => watchers.push(t),
+            Err(e) => say(format_args!("cannot follow joining ranks ({e}); replacements stay labelled [joining]")),
+        }
+        if !roster.in_process() {
+            match roster.watch_decisions(world.another(), stop.clone()) {
+                Ok(t) => watchers.push(t),
+                Err(e) => {
+                    say(format_args!("cannot follow membership changes ({e}); output keeps the ranks it starts with"))
+                }
             }
-            Some(host) => {
-                // The remote side gets no environment of ours (ssh forwards none), so the
-                // settings given to hccnrun travel on the command line.
-                let forwarded =
-                    std::env::vars().filter(|(k, _)| k.starts_with("HCCN_") && !vars.iter().any(|(v, _)| v == k));
-                let mut all: Vec<(String, String)> = forwarded.collect();
-                all.extend(vars);
-                let addr = hostfile::listen_addr(host).map_err(io::Error::other)?;
-                all.retain(|(k, _)| k != "HCCN_BIND_ADDR");
-                all.push(("HCCN_BIND_ADDR".into(), addr.to_string()));
-                let argv =
-                    hostfile::remote_argv(&o.remote_cmd, host, &all, &o.program, &o.args).map_err(io::Error::other)?;
-                let mut cmd = Command::new(&argv[0]);
-                cmd.args(&argv[1..]);
-                cmd
-            }
+        }
+        Job {
+            ranks: Vec::new(),
+            world,
+            early: EarlyExits::default(),
+            roster,
+            guard,
+            env,
+            others: Vec::new(),
+            readers: Vec::new(),
+            exits: mpsc::channel(),
+            failures: Vec::new(),
+            events: Vec::new(),
+            phase: Phase::Running,
+            restarts: 0,
+            sees_all: o.nnodes == 1 && !remote,
+            next_reap: Instant::now(),
+            watchers: (stop, watchers),
+            lifeline_fd: exits::lifeline_fd(),
+        }
+    }
+
+    /// Another process of hccnrun's own (not adopted from a rank).
+    pub(super) fn own(&mut self, pid: i32) {
+        self.others.push(pid);
+    }
+
+    /// Something that decides the exit code by itself happened now.
+    pub(super) fn event(&mut self, code: i32) {
+        self.events.push((Instant::now(), code));
+    }
+
+    /// The command that starts rank `slot`: here, or on its host from the host file through the
+    /// remote command.
+    fn command(&self, o: &Options, slot: u32, place: &hostfile::Place<'_>) -> io::Result<Command> {
+        let vars = self.env.for_rank(slot, place);
+        let (program, args) = o.command_line();
+        let Some(host) = place.host else {
+            let mut cmd = Command::new(&program);
+            cmd.args(&args).envs(vars.iter().map(|(k, v)| (k, v)));
+            return Ok(cmd);
         };
+        // The remote side gets no environment of ours (ssh forwards none), so the settings
+        // given to hccnrun travel on the command line.
+        let forwarded = std::env::vars().filter(|(k, _)| k.starts_with("HCCN_") && !vars.iter().any(|(v, _)| v == k));
+        let mut all: Vec<(String, String)> = forwarded.collect();
+        all.extend(vars);
+        let addr = hostfile::listen_addr(host).map_err(io::Error::other)?;
+        all.retain(|(k, _)| k != "HCCN_BIND_ADDR");
+        all.push(("HCCN_BIND_ADDR".into(), addr.to_string()));
+        let argv = hostfile::remote_argv(&o.remote_cmd, host, &all, &program, &args).map_err(io::Error::other)?;
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..]);
+        Ok(cmd)
+    }
+
+    /// Starts rank `slot` (`restart`: the replacement's number, for --elastic).
+    pub(super) fn spawn(&mut self, o: &Options, slot: u32, restart: Option<u32>) -> io::Result<()> {
+        let place = o.place(slot).map_err(io::Error::other)?;
+        let mut cmd = self.command(o, slot, &place)?;
+        let files = Files::create(o.output_dir.as_deref(), slot, restart)?;
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             // Its own group, so that stopping a rank reaches whatever it started (a shell's
             // children, say) and a terminal's Ctrl-C reaches the ranks only through hccnrun.
             .process_group(0);
-        let parent = std::process::id() as libc::pid_t;
+        // Its end is timed by this pipe's hang-up (exits.rs); a rank without one is timed by
+        // the kernel's notice.
+        let lifeline = exits::lifeline().ok();
         let cpu = match place.host {
             None if o.bind_to_core => Some(core_for(place.local)?),
             _ => None,
         };
-        // SAFETY: the closure runs in the forked child before exec and only makes
-        // async-signal-safe calls (prctl, getppid, sched_setaffinity).
-        unsafe {
-            cmd.pre_exec(move || {
-                if let Some(cpu) = cpu {
-                    let mut set: libc::cpu_set_t = std::mem::zeroed();
-                    libc::CPU_SET(cpu, &mut set);
-                    if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                }
-                // The rank dies with hccnrun even when hccnrun is SIGKILLed.
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                // hccnrun may have died before the prctl took effect.
-                if libc::getppid() != parent {
-                    return Err(io::Error::from_raw_os_error(libc::ESRCH));
-                }
-                Ok(())
-            })
-        };
+        before_exec(&mut cmd, cpu, lifeline.as_ref().map(|(_, w)| (w.as_raw_fd(), self.lifeline_fd)));
         let mut child = cmd.spawn()?;
+        let life_read = lifeline.map(|(r, _)| r);
         let pid = child.id() as i32;
+        self.guard.watch(pid);
+        let index = self.ranks.len();
         let pipes = (child.stdout.take(), child.stderr.take());
-        self.ranks.push(Rank { rank, pid, child, status: None });
-        if let Some(out) = pipes.0 {
-            self.readers.push((rank, start_reader(rank, out, false)?));
-        }
-        if let Some(err) = pipes.1 {
-            self.readers.push((rank, start_reader(rank, err, true)?));
+        self.ranks.push(Rank {
+            slot,
+            pid,
+            child,
+            started: Instant::now(),
+            status: None,
+            exited_at: None,
+            stopped: false,
+            waiter: None,
+        });
+        let label = self.roster.add(index, slot, restart.is_some(), place.host.is_none().then_some(pid));
+        let started = self.attend(index, life_read, pipes, files, label);
+        if let Err(e) = started {
+            // Without its waiter or readers the rank cannot be run: it goes at once.
+            self.ranks[index].signal(libc::SIGKILL);
+            self.ranks[index].stopped = true;
+            if self.ranks[index].waiter.is_none() {
+                self.reap(index, Instant::now());
+            }
+            return Err(e);
         }
         Ok(())
     }
 
-    fn running(&self) -> impl Iterator<Item = &Rank> {
-        self.ranks.iter().filter(|r| r.status.is_none())
+    /// Starts the threads that wait for process `index`'s end and forward its output.
+    fn attend(
+        &mut self,
+        index: usize,
+        lifeline: Option<std::os::fd::OwnedFd>,
+        pipes: (Option<ChildStdout>, Option<ChildStderr>),
+        files: Files,
+        label: Label,
+    ) -> io::Result<()> {
+        let (slot, pid) = (self.ranks[index].slot, self.ranks[index].pid);
+        self.ranks[index].waiter = Some(exits::watch(index, slot, pid, lifeline, self.exits.0.clone())?);
+        let streams = [(pipes.0.map(|p| Box::new(p) as Box<dyn io::Read + Send>), files.stdout, false, "out")]
+            .into_iter()
+            .chain([(pipes.1.map(|p| Box::new(p) as Box<dyn io::Read + Send>), files.stderr, true, "err")]);
+        for (pipe, file, to_stderr, name) in streams {
+            let Some(pipe) = pipe else { continue };
+            let name = format!("rank{slot}-{name}");
+            let t = output::start(name, label.clone(), self.roster.clone(), pipe, to_stderr, file)?;
+            self.readers.push((slot, t));
+        }
+        Ok(())
     }
 
-    fn signal_running(&self, sig: i32) {
-        let ranks: Vec<String> = self.running().map(|r| r.rank.to_string()).collect();
+    fn running(&self) -> impl Iterator<Item = (usize, &Rank)> {
+        self.ranks.iter().enumerate().filter(|(_, r)| r.status.is_none())
+    }
+
+    /// Whether a process that holds a rank in the world still runs.
+    fn member_running(&self) -> bool {
+        self.running().any(|(i, _)| self.roster.is_member(i))
+    }
+
+    /// hccnrun can tell that no member is left to admit a replacement.
+    fn sees_members(&self) -> bool {
+        self.sees_all && self.world.available()
+    }
+
+    fn signal_running(&mut self, sig: i32) {
+        let ranks: Vec<String> = self.running().map(|(_, r)| r.slot.to_string()).collect();
         if ranks.is_empty() {
             return;
         }
         say(format_args!("sending {} to rank(s) {}", signal_name(sig), ranks.join(", ")));
-        for r in self.running() {
+        for r in self.ranks.iter_mut().filter(|r| r.status.is_none()) {
             r.signal(sig);
+            r.stopped = true;
         }
     }
 
@@ -232,10 +341,40 @@ impl Job {
         self.phase = Phase::Killed;
     }
 
-    /// With --elastic, decides what a failed rank means: a replacement while restarts last and
-    /// enough ranks remain (`true`), or the end of the job (`false`).
-    fn recover(&mut self, o: &Options, env: &[(&str, String)], rank: u32) -> bool {
+    /// Reaps process `index`, which ended at `at`: whatever it left running in its process group
+    /// is killed first (nothing may outlive the job, and the unreaped leader keeps the group id
+    /// from being reused until then).
+    fn reap(&mut self, index: usize, at: Instant) -> Option<ExitStatus> {
+        let r = &mut self.ranks[index];
+        if r.status.is_some() {
+            return None;
+        }
+        // SAFETY: the leader is ours and unreaped, so the group id is still this rank's.
+        unsafe { libc::kill(-r.pid, libc::SIGKILL) };
+        // The process has ended, so this returns at once; an error would mean someone else
+        // reaped it, and it counts as a failure rather than leaving the job waiting for it.
+        let status = r.child.wait().unwrap_or_else(|_| ExitStatus::from_raw(1 << 8));
+        r.status = Some(status);
+        r.exited_at = Some(at);
+        if let Some(w) = r.waiter.take() {
+            let _ = w.join();
+        }
+        self.guard.release(r.pid);
+        self.roster.exited(index);
+        Some(status)
+    }
+
+    /// With --elastic, decides what a failed rank means: a replacement while restarts last,
+    /// enough ranks remain and a member is left to admit it (`true`), or the end of the job.
+    fn recover(&mut self, o: &Options, index: usize) -> bool {
         let Some(el) = o.elastic else { return false };
+        let slot = self.ranks[index].slot;
+        if self.sees_members() && !self.member_running() {
+            say(format_args!(
+                "no member of the world is left to admit a replacement for rank {slot}; not starting one"
+            ));
+            return false;
+        }
         let alive = self.running().count() as u32;
         if alive < el.min_ranks {
             say(format_args!("only {alive} rank(s) left, fewer than --min-ranks {}; giving up", el.min_ranks));
@@ -246,84 +385,152 @@ impl Job {
             return false;
         }
         self.restarts += 1;
-        say(format_args!("starting a replacement for rank {rank} (restart {} of {})", self.restarts, el.max_restarts));
-        match self.spawn(o, rank, env) {
+        say(format_args!("starting a replacement for rank {slot} (restart {} of {})", self.restarts, el.max_restarts));
+        match self.spawn(o, slot, Some(self.restarts)) {
             Ok(()) => true,
             Err(e) => {
-                say(format_args!("cannot start a replacement for rank {rank}: {e}"));
+                say(format_args!("cannot start a replacement for rank {slot}: {e}"));
                 false
             }
         }
     }
 
-    /// Watches the ranks until every one has been reaped; returns hccnrun's exit code.
-    pub(super) fn monitor(&mut self, o: &Options, env: &[(&str, String)], started: Instant) -> i32 {
+    /// A rank failed at `at`: recorded, and with --elastic replaced, or the job winds down.
+    fn failed(&mut self, o: &Options, index: usize) {
+        let (at, status) = (self.ranks[index].exited_at, self.ranks[index].status);
+        let (Some(at), Some(status)) = (at, status) else { return };
+        // A replacement that never became a member, failing once no member is left, only failed
+        // to join a world that had ended: that is not the job's failure.
+        let never_joined = o.elastic.is_some() && !self.roster.was_member(index);
+        if never_joined && self.sees_members() && !self.member_running() {
+            return;
+        }
+        self.failures.push(Failure { at, index, code: exit_code(status) });
+        if self.phase == Phase::Running && !self.recover(o, index) {
+            self.phase = Phase::Grace(Instant::now() + o.grace);
+        }
+    }
+
+    /// The ranks that ended since the last call (waiting up to [`POLL`] for one), in the
+    /// order they ended.
+    fn ended(&mut self) -> Vec<Ended> {
+        let mut batch: Vec<Ended> = self.exits.1.recv_timeout(POLL).into_iter().collect();
+        batch.extend(self.exits.1.try_iter());
+        batch.sort_by_key(|e| e.1);
+        batch
+    }
+
+    /// Watches the ranks until every one has been reaped.
+    pub(super) fn monitor(&mut self, o: &Options, started: Instant) {
         loop {
             let (mut failed, mut exited) = (Vec::new(), Vec::new());
-            for r in self.ranks.iter_mut().filter(|r| r.status.is_none()) {
-                let Some(status) = r.poll() else { continue };
+            for (index, at) in self.ended() {
+                let Some(status) = self.reap(index, at) else { continue };
+                let r = &self.ranks[index];
                 // Once the job is being stopped, ranks ending by our signals are expected.
-                let stopping = matches!(self.phase, Phase::Stopping(_) | Phase::Killed);
+                let stopping = matches!(self.phase, Phase::Stopping(_) | Phase::Killed) || r.stopped;
                 if !status.success() && !stopping {
-                    say(format_args!("rank {} (pid {}) {}", r.rank, r.pid, describe(status)));
-                    failed.push((r.rank, status));
+                    say(format_args!("rank {} (pid {}) {}", r.slot, r.pid, describe(status)));
+                    failed.push(index);
                 }
                 if !stopping {
-                    exited.push((r.rank, format!("(pid {}) {}", r.pid, describe(status)), exit_code(status)));
+                    exited.push((r.slot, format!("(pid {}) {}", r.pid, describe(status)), exit_code(status)));
                 }
             }
             // A rank gone before the world formed is one the others wait for until their timeout.
             if matches!(self.phase, Phase::Running | Phase::Grace(_)) {
-                let running: Vec<u32> = self.running().map(|r| r.rank).collect();
+                let running: Vec<u32> = self.running().map(|(_, r)| r.slot).collect();
                 if let Some((why, code)) = self.early.check(&mut self.world, exited, &running) {
                     say(format_args!("{why}"));
-                    self.outcome.get_or_insert(code);
+                    self.event(code);
                     self.stop(libc::SIGTERM);
                 }
             }
-            for (rank, status) in failed {
-                if self.phase == Phase::Running && self.recover(o, env, rank) {
-                    continue;
-                }
-                self.outcome.get_or_insert(exit_code(status));
-                if self.phase == Phase::Running {
-                    self.phase = Phase::Grace(Instant::now() + o.grace);
-                }
+            for index in failed {
+                self.failed(o, index);
             }
+            self.watch_waiting_joiners(o);
             if self.running().next().is_none() {
-                return self.outcome.unwrap_or(0);
+                return;
             }
-            let now = Instant::now();
-            let sig = SIGNAL.swap(0, Ordering::SeqCst);
-            if sig != 0 {
-                if matches!(self.phase, Phase::Stopping(_) | Phase::Killed) {
-                    say(format_args!("received {} again, killing ranks", signal_name(sig)));
-                    self.kill();
-                } else {
-                    say(format_args!("received {}, stopping ranks", signal_name(sig)));
-                    self.outcome.get_or_insert(128 + sig);
-                    self.stop(sig);
-                }
-            }
-            if let Some(limit) = o.timeout {
-                let in_time = matches!(self.phase, Phase::Running | Phase::Grace(_));
-                if in_time && now.duration_since(started) >= limit {
-                    say(format_args!("timeout after {} s, stopping ranks", limit.as_secs_f64()));
-                    self.outcome.get_or_insert(EXIT_TIMEOUT);
-                    self.stop(libc::SIGTERM);
-                }
-            }
-            match self.phase {
-                Phase::Grace(deadline) if now >= deadline => self.stop(libc::SIGTERM),
-                Phase::Stopping(deadline) if now >= deadline => self.kill(),
-                _ => {}
-            }
-            std::thread::sleep(POLL);
+            self.on_signal_and_deadlines(o, started);
+            self.housekeeping();
         }
     }
 
-    /// Joins the output threads so that every line reaches hccnrun's output before it exits.
+    /// With --elastic, replacements still running once no member is left have nobody to admit
+    /// them: they get the grace period, then are stopped.
+    fn watch_waiting_joiners(&mut self, o: &Options) {
+        let waiting = o.elastic.is_some() && self.phase == Phase::Running && self.running().next().is_some();
+        if waiting && self.sees_members() && !self.member_running() {
+            let who: Vec<String> = self.running().map(|(_, r)| r.slot.to_string()).collect();
+            say(format_args!(
+                "no member of the world is left to admit the replacement(s) for rank(s) {}; they are stopped after the grace period",
+                who.join(", ")
+            ));
+            self.phase = Phase::Grace(Instant::now() + o.grace);
+        }
+    }
+
+    fn on_signal_and_deadlines(&mut self, o: &Options, started: Instant) {
+        let now = Instant::now();
+        let sig = SIGNAL.swap(0, Ordering::SeqCst);
+        if sig != 0 {
+            if matches!(self.phase, Phase::Stopping(_) | Phase::Killed) {
+                say(format_args!("received {} again, killing ranks", signal_name(sig)));
+                self.kill();
+            } else {
+                say(format_args!("received {}, stopping ranks", signal_name(sig)));
+                self.event(128 + sig);
+                self.stop(sig);
+            }
+        }
+        if let Some(limit) = o.timeout {
+            let in_time = matches!(self.phase, Phase::Running | Phase::Grace(_));
+            if in_time && now.duration_since(started) >= limit {
+                say(format_args!("timeout after {} s, stopping ranks", limit.as_secs_f64()));
+                self.event(EXIT_TIMEOUT);
+                self.stop(libc::SIGTERM);
+            }
+        }
+        match self.phase {
+            Phase::Grace(deadline) if now >= deadline => self.stop(libc::SIGTERM),
+            Phase::Stopping(deadline) if now >= deadline => self.kill(),
+            _ => {}
+        }
+    }
+
+    /// What hccnrun started itself (its ranks, the watcher, a local etcd): never adopted.
+    fn own_pids(&self) -> HashSet<i32> {
+        let mut own: HashSet<i32> = self.ranks.iter().map(|r| r.pid).collect();
+        own.insert(self.guard.pid());
+        own.extend(self.others.iter().copied());
+        own
+    }
+
+    /// Joins the threads of ranks that have ended (a thread's stack stays until it is joined),
+    /// reaps adopted processes, and takes in membership changes no line has asked for yet.
+    fn housekeeping(&mut self) {
+        let (done, open): (Vec<_>, Vec<_>) = self.readers.drain(..).partition(|(_, t)| t.is_finished());
+        self.readers = open;
+        for (_, t) in done {
+            let _ = t.join();
+        }
+        if Instant::now() >= self.next_reap {
+            guard::reap_adopted(&self.own_pids());
+            self.next_reap = Instant::now() + REAP_EVERY;
+        }
+        self.roster.poll();
+    }
+
+    /// After the last rank: ends what the ranks left behind, then joins the output threads so
+    /// that every line reaches hccnrun's output before it exits.
     pub(super) fn drain(&mut self) {
+        self.watchers.0.store(true, Ordering::Relaxed);
+        for t in self.watchers.1.drain(..) {
+            let _ = t.join();
+        }
+        guard::end_adopted(&self.own_pids(), DRAIN_LIMIT);
         let deadline = Instant::now() + DRAIN_LIMIT;
         while self.readers.iter().any(|(_, t)| !t.is_finished()) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
@@ -341,9 +548,26 @@ impl Job {
             ));
         }
     }
-}
 
-fn start_reader(rank: u32, pipe: impl Read + Send + 'static, to_stderr: bool) -> io::Result<JoinHandle<()>> {
-    let stream = if to_stderr { "err" } else { "out" };
-    std::thread::Builder::new().name(format!("rank{rank}-{stream}")).spawn(move || forward(rank, pipe, to_stderr))
+    /// Whether the job absorbed failure `f` (--elastic): a rank that was running when it happened
+    /// exited 0 later, on its own (the others went on without it); or nothing else was running
+    /// then, and the last to end before had exited 0 (the job had done its work: a straggler
+    /// failed on its way out).
+    fn absorbed(&self, f: &Failure) -> bool {
+        let clean = |r: &Rank| !r.stopped && r.status.is_some_and(|s| s.success());
+        let others = || self.ranks.iter().enumerate().filter(move |(i, _)| *i != f.index).map(|(_, r)| r);
+        let running_then = |r: &&Rank| r.started < f.at && r.exited_at.is_none_or(|t| t > f.at);
+        if others().filter(running_then).any(clean) {
+            return true;
+        }
+        let before = others().filter(|r| r.exited_at.is_some_and(|t| t <= f.at)).max_by_key(|r| r.exited_at);
+        others().find(running_then).is_none() && before.is_some_and(clean)
+    }
+
+    /// hccnrun's exit code: the earliest of the failures and of the events that decide it, 0
+    /// when there is none. With --elastic a failure the job absorbed does not count.
+    pub(super) fn outcome(&self, elastic: bool) -> i32 {
+        let failures = self.failures.iter().filter(|f| !(elastic && self.absorbed(f))).map(|f| (f.at, f.code));
+        failures.chain(self.events.iter().copied()).min_by_key(|(at, _)| *at).map_or(0, |(_, code)| code)
+    }
 }

@@ -163,6 +163,20 @@ impl Checker {
                 .enumerate()
                 .map(|(i, e)| bad(exact(e, self.input((i / count) as u32, me * count + i % count))))
                 .sum(),
+            // Only the root receives a gather's result.
+            Coll::Gather if self.rank != self.root => 0,
+            Coll::Gather => elems
+                .take(count * self.nranks as usize)
+                .enumerate()
+                .map(|(i, e)| bad(exact(e, self.input((i / count) as u32, i % count))))
+                .sum(),
+            Coll::Scatter => {
+                elems.take(count).enumerate().map(|(j, e)| bad(exact(e, self.input(self.root, me * count + j)))).sum()
+            }
+            Coll::SendRecv => {
+                let from = (self.rank + self.nranks - 1) % self.nranks;
+                elems.take(count).enumerate().map(|(j, e)| bad(exact(e, self.input(from, j)))).sum()
+            }
         }
     }
 }
@@ -278,5 +292,21 @@ mod tests {
         let gathered: Vec<u8> = (0..n).flat_map(|r| inputs(&g, r, count)).collect();
         assert_eq!(g.wrong(&gathered, count), 0);
         assert!(c.wrong(&gathered, count) > 0, "alltoall is not allgather");
+        let root = Checker::new(Coll::Gather, DataType::Int32, ReduceOp::Sum, me, n, me);
+        assert_eq!(root.wrong(&gathered, count), 0);
+        let other = Checker::new(Coll::Gather, DataType::Int32, ReduceOp::Sum, me, n, 0);
+        assert_eq!(other.wrong(&[0u8; 4], count), 0, "only the root receives");
+    }
+
+    #[test]
+    fn scatter_and_sendrecv_blocks() {
+        let (count, n, root) = (3usize, 4u32, 2u32);
+        let s = Checker::new(Coll::Scatter, DataType::Int64, ReduceOp::Sum, 1, n, root);
+        let sent = inputs(&s, root, count * n as usize);
+        assert_eq!(s.wrong(&sent[count * 8..2 * count * 8], count), 0, "rank 1 gets block 1");
+        assert!(s.wrong(&sent[..count * 8], count) > 0, "not block 0");
+        let r = Checker::new(Coll::SendRecv, DataType::Fp32, ReduceOp::Sum, 0, n, 0);
+        assert_eq!(r.wrong(&inputs(&r, n - 1, count), count), 0, "rank 0 hears from the last rank");
+        assert_eq!(r.wrong(&inputs(&r, 1, count), count), count as u64);
     }
 }

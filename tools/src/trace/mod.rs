@@ -18,6 +18,7 @@ const USAGE: &str =
   --heatmap-time FILE  the same for time spent sending
   --timeline FILE   one lane per rank, one box per operation, coloured by operation
   --summary         per operation: calls, bytes, time (totals over all ranks); busiest links
+  --version         hccn-trace's version
 ";
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -33,6 +34,7 @@ pub struct Options {
 pub enum Invocation {
     Run(Options),
     Help,
+    Version,
 }
 
 pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
@@ -42,6 +44,7 @@ pub fn parse(mut a: Args) -> Result<Invocation, UsageError> {
         match a.next_option()? {
             Some((name, inline)) => match name.as_str() {
                 "-h" | "--help" => return Ok(Invocation::Help),
+                "--version" => return Ok(Invocation::Version),
                 "--heatmap" => o.heatmap = Some(a.value(&name, inline)?.into()),
                 "--heatmap-time" => o.heatmap_time = Some(a.value(&name, inline)?.into()),
                 "--timeline" => o.timeline = Some(a.value(&name, inline)?.into()),
@@ -143,6 +146,7 @@ pub fn main() -> i32 {
             let _ = io::stdout().write_all(USAGE.as_bytes());
             0
         }
+        Ok(Invocation::Version) => crate::print_version("hccn-trace"),
         Err(e) => {
             let _ = writeln!(io::stderr(), "hccn-trace: {e}\n{}", USAGE.lines().next().unwrap_or_default());
             2
