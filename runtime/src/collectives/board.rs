@@ -81,11 +81,6 @@ impl BoardCell {
         fingerprint::board_post(fp, self.n).is_some_and(|bytes| self.takes(bytes))
     }
 
-    /// Whether some call of the kind of `fp` could go to the board on this communicator.
-    pub fn may_take_kind(&self, fp: &Fingerprint) -> bool {
-        self.usable && self.max_bytes > 0 && fingerprint::board_kind(fp)
-    }
-
     /// Whether the collective `op` (an `Op::name`) over `bytes` (the whole buffer, as
     /// `select::plan_name` reads it) would go to the board, for tools.
     pub fn would_take(&self, op: &str, bytes: usize) -> bool {

@@ -103,14 +103,6 @@ pub(crate) fn refused_unread(kind: &str) -> Fingerprint {
     refused(&fp(code, None, None, NO_ROOT, 0))
 }
 
-/// Whether calls of the kind of `f` may go to the board at some size and data type.
-pub(crate) fn board_kind(f: &Fingerprint) -> bool {
-    matches!(
-        f.op & !REFUSED,
-        BARRIER | ALLREDUCE | REDUCE | BROADCAST | ALLGATHER | GATHER | REDUCE_SCATTER | SCATTER | ALLTOALL
-    )
-}
-
 /// The largest post of the call `f` on the board of a communicator of `n` ranks (what decides
 /// whether it goes there): the buffer of an allreduce, reduce or broadcast, a rank's block of an
 /// allgather or gather, the whole input of a reduce-scatter, scatter or alltoall. `None` for calls
@@ -125,6 +117,12 @@ pub(crate) fn board_post(f: &Fingerprint, n: u32) -> Option<usize> {
         REDUCE_SCATTER | SCATTER | ALLTOALL => n as usize,
         _ => return None,
     };
+    if is_refused(f) && f.dtype == 0 {
+        // Refused unread (see `refused_unread`): its size is unknown, so it posts only its
+        // fingerprint wherever a call of its kind may go, and the others' calls, on the board
+        // or not, fail against it.
+        return Some(0);
+    }
     // On every small call's path: a look-up, no fallible conversion.
     let size = DataType::ALL.get(usize::from(f.dtype.checked_sub(1)?))?.size();
     Some((f.count as usize).saturating_mul(size).saturating_mul(per_rank))

@@ -76,31 +76,26 @@ impl Communicator {
 
     /// [`Communicator::refuse`] for a call of `kind` (an `Op::name`) whose other arguments this
     /// rank could not read (an unknown data type or reduce operation, a NULL counts array):
-    /// `peer` for a send or receive. Whether such a call would have gone to the shared-memory
-    /// board is unknown, so where it might have, the ranks can no longer number their board
-    /// calls alike: the communicator breaks on every rank (shrink or destroy it), rather than
-    /// let a later call pair with the wrong one.
+    /// `peer` for a send or receive. Its size is unknown, so it goes wherever a call of its kind
+    /// may go (see `fingerprint::board_post`): where every rank refused alike, the round passes;
+    /// where the others' calls went to the board too, they fail against it. Only where their
+    /// calls took the message path does the round not end before the timeout, and then the
+    /// ranks number their board calls differently: the communicator breaks (see `take_part`).
     pub fn refuse_unread(&self, kind: &str, peer: Option<u32>, refusal: Error, stream: Option<&Stream>) -> Error {
         let fp = fingerprint::refused_unread(kind);
-        if let Some(peer) = peer {
-            let (buf, count, dt) = (crate::collectives::Ptr::null(), 0, crate::types::DataType::Uint8);
-            let op = if kind == "send" { Op::Send { buf, count, dt, peer } } else { Op::Recv { buf, count, dt, peer } };
-            return self.refuse(&op, fp, refusal, stream);
-        }
-        let inner = &self.inner;
-        if !inner.board.may_take_kind(&fp) {
-            // Its round keeps the order: it runs as any refused call's.
-            return self.refuse(&Op::Barrier, fp, refusal, stream);
-        }
-        let seq = inner.coll_seq.fetch_add(1, Ordering::SeqCst);
-        let why = format!(
-            "rank {} refused a {kind} whose arguments it could not read ({}); the ranks may now number their \
-             shared-memory calls differently: {BROKEN_MARK}",
-            inner.rank,
-            refusal.message()
-        );
-        inner.tell_abandoned(seq, &Error::new(ErrorKind::Mismatch, why).with_failed(vec![inner.rank]), true);
-        refusal
+        let op = match peer {
+            Some(peer) => {
+                let (buf, count, dt) = (crate::collectives::Ptr::null(), 0, crate::types::DataType::Uint8);
+                if kind == "send" {
+                    Op::Send { buf, count, dt, peer }
+                } else {
+                    Op::Recv { buf, count, dt, peer }
+                }
+            }
+            // Any collective: its round is the refused fingerprint's.
+            None => Op::Barrier,
+        };
+        self.refuse(&op, fp, refusal, stream)
     }
 }
 
@@ -117,6 +112,17 @@ fn take_part(plan: &Planned, inner: &CommInner, refusal: &Error) {
         ErrorKind::RankFailed | ErrorKind::Revoked | ErrorKind::Aborted => {}
         // The ranks now number their board turns differently.
         ErrorKind::Mismatch if e.message().contains(BROKEN_MARK) => inner.abandon(plan.seq, &e),
+        // A board round that did not end: the others took the message path (a refused call
+        // whose size this rank could not read), so their board turns and this rank's differ.
+        ErrorKind::Timeout if plan.turn.is_some() => {
+            let why = format!(
+                "rank {} refused a call whose arguments it could not read ({}) while the others made it; \
+                 the ranks now number their shared-memory calls differently: {BROKEN_MARK}",
+                inner.rank,
+                refusal.message()
+            );
+            inner.tell_abandoned(plan.seq, &Error::new(ErrorKind::Mismatch, why).with_failed(vec![inner.rank]), true);
+        }
         _ => {
             let why = format!("rank {} refused its call: {}", inner.rank, refusal.message());
             inner.tell_abandoned(plan.seq, &Error::new(ErrorKind::Mismatch, why).with_failed(vec![inner.rank]), false);
