@@ -66,7 +66,8 @@ class HccnError(RuntimeError):
 
 
 def init():
-    """Joins the job that hccnrun started (hccn_init_from_env); later calls do nothing."""
+    """Joins the job its launcher started (hccn_init_from_env: hccnrun, srun, mpirun, torchrun,
+    ...; docs/launchers.md); later calls do nothing."""
     global _initialised
     with _init_lock:
         if _initialised:

@@ -163,7 +163,7 @@ impl Communicator {
         static WORLDS: AtomicU64 = AtomicU64::new(0);
         let nth = WORLDS.fetch_add(1, Ordering::SeqCst);
         let met = meet::meet(env, cfg, nth)?;
-        tracing::info!(launcher = env.launcher.name(), store = %met.store, hosts = met.hosted.is_some(), "meeting");
+        tracing::info!(launcher = env.launcher.name(), store = %met.store, hosts = met.hosts, "meeting");
         let mut cfg = cfg.clone();
         if let Some(ip) = met.bind {
             cfg.bind_addr = ip;
@@ -175,13 +175,14 @@ impl Communicator {
         let me = format!("w{nth}-r{}-{}", env.rank, hex(&random_bytes::<8>()?));
         // A store rank 0 hosts lives as long as its communicators, like a unique id's.
         let durable = matches!(env.meet, Meet::Store(_));
+        let kept = Arc::new(Mutex::new(met.keep));
         let origin = |prefix: String| Origin {
             store: met.store.clone(),
             durable,
             token: met.token.clone(),
             prefix,
             cfg: cfg.clone(),
-            keep: Mutex::new(met.hosted.iter().map(|s| Box::new(s.clone()) as Box<dyn Send>).collect()),
+            keep: Mutex::new(vec![Box::new(kept.clone())]),
         };
         let deadline = Instant::now() + cfg.timeout;
         loop {

@@ -501,10 +501,11 @@ const NONE_FOUND: &str = "no launcher found: none of HCCN_RANK (hccnrun), RANK a
      RANK_TABLE_FILE with RANK_ID (the Ascend rank table) is set: start the program with one of them, or set \
      HCCN_RANK, HCCN_WORLD_SIZE and HCCN_STORE";
 
-/// The claim this process follows, and how the others fit it.
-fn choose(get: Get) -> Result<(Claim, Vec<Claim>)> {
+/// The claim this process follows, and how the others fit it; `None` when no launcher's
+/// variable is set at all.
+fn choose(get: Get) -> Result<Option<(Claim, Vec<Claim>)>> {
     if let Some(c) = hccn(get).map_err(Error::invalid)? {
-        return Ok((c, Vec::new()));
+        return Ok(Some((c, Vec::new())));
     }
     let (mut found, mut unusable) = (Vec::new(), Vec::new());
     for claim in CLAIMS {
@@ -515,7 +516,7 @@ fn choose(get: Get) -> Result<(Claim, Vec<Claim>)> {
         }
     }
     if found.is_empty() {
-        return Err(Error::invalid(if unusable.is_empty() { NONE_FOUND.to_owned() } else { unusable.join("; ") }));
+        return if unusable.is_empty() { Ok(None) } else { Err(Error::invalid(unusable.join("; "))) };
     }
     let chosen = found.remove(0);
     for outer in &found {
@@ -530,7 +531,7 @@ fn choose(get: Get) -> Result<(Claim, Vec<Claim>)> {
             )));
         }
     }
-    Ok((chosen, found))
+    Ok(Some((chosen, found)))
 }
 
 /// The address `host` names, IPv4 first (as every rank resolves it alike).
@@ -572,10 +573,21 @@ impl LaunchEnv {
         LaunchEnv::from_lookup(|k| std::env::var(k).ok())
     }
 
-    /// Detects the launcher through `get` (tests pass a map).
+    /// Detects the launcher through `get` (tests pass a map); no launcher is an error.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        LaunchEnv::detect(get)?.ok_or_else(|| Error::invalid(NONE_FOUND))
+    }
+
+    /// [`LaunchEnv::detect`] on the process environment.
+    pub fn detect_env() -> Result<Option<Self>> {
+        LaunchEnv::detect(|k| std::env::var(k).ok())
+    }
+
+    /// The launcher `get` describes, `None` where no launcher's variable is set at all (a
+    /// program run by hand: hccn-info then makes a world of one).
+    pub fn detect(get: impl Fn(&str) -> Option<String>) -> Result<Option<Self>> {
         let get: Get = &get;
-        let (claim, others) = choose(get)?;
+        let Some((claim, others)) = choose(get)? else { return Ok(None) };
         let bind = get("HCCN_BIND_ADDR").map(|v| parse::<IpAddr>("HCCN_BIND_ADDR", &v, "an IP address")).transpose()?;
         let (meet, why) = match set(get, "HCCN_STORE") {
             Some(url) => {
@@ -595,7 +607,7 @@ impl LaunchEnv {
         let token = set(get, "HCCN_JOB_TOKEN");
         let (local_rank, local_world_size) = claim.local.unwrap_or((claim.rank, claim.size));
         let also = others.iter().map(|o| format!("{} (an outer launcher, or the same processes)", o.says())).collect();
-        Ok(LaunchEnv {
+        Ok(Some(LaunchEnv {
             launcher: claim.launcher,
             rank: claim.rank,
             world_size: claim.size,
@@ -611,7 +623,7 @@ impl LaunchEnv {
             device_id: claim.device,
             pmix_lib: set(get, "HCCN_PMIX_LIB").map(PathBuf::from),
             also,
-        })
+        }))
     }
 
     /// What was detected, one fact a line (hccn-info prints it).

@@ -16,8 +16,11 @@ use crate::sync::Locked;
 pub(crate) struct Met {
     pub store: StoreAddr,
     pub token: Vec<u8>,
-    /// The store this process hosts (rank 0), kept as long as the world's communicators.
-    pub hosted: Option<Arc<StoreServer>>,
+    /// Whether this process hosts the store (rank 0).
+    pub hosts: bool,
+    /// What lives as long as the world's communicators: the store this process hosts, the PMIx
+    /// session.
+    pub keep: Vec<Box<dyn Send>>,
     /// The address this rank listens on, where `HCCN_BIND_ADDR` does not say.
     pub bind: Option<IpAddr>,
 }
@@ -38,13 +41,19 @@ pub(crate) fn meet(env: &LaunchEnv, cfg: &Config, nth: u64) -> Result<Met> {
 
 fn meet_by(how: &Meet, env: &LaunchEnv, cfg: &Config, nth: u64) -> Result<Met> {
     match how {
-        Meet::Store(store) => Ok(Met { store: store.clone(), token: env.job_token.clone(), hosted: None, bind: None }),
+        Meet::Store(store) => {
+            Ok(Met { store: store.clone(), token: env.job_token.clone(), hosts: false, keep: Vec::new(), bind: None })
+        }
         Meet::Rank0 { dial, listen } => {
-            let hosted = if env.rank == 0 { Some(host(*listen, &env.job_token)?) } else { None };
-            Ok(Met { store: StoreAddr::Tcp(*dial), token: env.job_token.clone(), hosted, bind: toward(env, dial.ip()) })
+            let mut keep: Vec<Box<dyn Send>> = Vec::new();
+            if env.rank == 0 {
+                keep.push(Box::new(host(*listen, &env.job_token)?));
+            }
+            let (hosts, bind) = (!keep.is_empty(), toward(env, dial.ip()));
+            Ok(Met { store: StoreAddr::Tcp(*dial), token: env.job_token.clone(), hosts, keep, bind })
         }
         Meet::Pmix { single_node, fallback } => match Pmix::load(env.pmix_lib.as_deref()) {
-            Ok(pmix) => by_pmix(&pmix, env, cfg, *single_node, nth),
+            Ok(pmix) => by_pmix(&Arc::new(pmix), env, cfg, *single_node, nth),
             Err(e) => match fallback {
                 Some(f) => {
                     tracing::info!("{e}; meeting without PMIx");
@@ -120,7 +129,7 @@ fn hex(b: &[u8]) -> String {
 
 /// Rank 0 starts a store on a free port and puts `ADDRESS TOKEN` under the world's key; every
 /// rank fences and gets it. A token made here travels only through the launcher's PMIx.
-fn by_pmix(pmix: &Pmix, env: &LaunchEnv, cfg: &Config, single_node: bool, nth: u64) -> Result<Met> {
+fn by_pmix(pmix: &Arc<Pmix>, env: &LaunchEnv, cfg: &Config, single_node: bool, nth: u64) -> Result<Met> {
     let session = pmix.session()?;
     if session.rank() != env.rank {
         return Err(Error::invalid(format!(
@@ -131,7 +140,7 @@ fn by_pmix(pmix: &Pmix, env: &LaunchEnv, cfg: &Config, single_node: bool, nth: u
         )));
     }
     let key = pmix_key(nth);
-    let mut hosted = None;
+    let mut keep: Vec<Box<dyn Send>> = Vec::new();
     if env.rank == 0 {
         let ip = match (env.bind_given, single_node) {
             (true, _) => cfg.bind_addr,
@@ -141,15 +150,16 @@ fn by_pmix(pmix: &Pmix, env: &LaunchEnv, cfg: &Config, single_node: bool, nth: u
         let token = if env.token_given { env.job_token.clone() } else { hex(&random_bytes::<32>()?).into_bytes() };
         let s = Arc::new(StoreServer::start(SocketAddr::new(ip, 0), &token)?);
         session.put(&key, &format!("{} {}", s.local_addr(), String::from_utf8_lossy(&token)))?;
-        hosted = Some(s);
+        keep.push(Box::new(s));
     }
     session.fence(cfg.timeout)?;
     let value = session.get(0, &key, cfg.timeout)?;
-    session.finish()?;
     let (addr, token) =
         value.split_once(' ').ok_or_else(|| Error::new(ErrorKind::Store, "PMIx: a malformed store address"))?;
     let addr: SocketAddr =
         addr.parse().map_err(|_| Error::new(ErrorKind::Store, format!("PMIx: {addr:?} is no address")))?;
     let token = if env.token_given { env.job_token.clone() } else { token.as_bytes().to_vec() };
-    Ok(Met { store: StoreAddr::Tcp(addr), token, hosted, bind: toward(env, addr.ip()) })
+    let (hosts, bind) = (!keep.is_empty(), toward(env, addr.ip()));
+    keep.push(Box::new(session));
+    Ok(Met { store: StoreAddr::Tcp(addr), token, hosts, keep, bind })
 }

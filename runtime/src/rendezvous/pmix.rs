@@ -6,11 +6,14 @@
 
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Once, Weak};
 use std::time::Duration;
 
 use libloading::Library;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::sync::Locked;
 
 const PMIX_SUCCESS: c_int = 0;
 /// `PMIX_GLOBAL`: visible to every process of the namespace, on any host.
@@ -125,23 +128,64 @@ impl Pmix {
         Err(Error::new(kind, format!("PMIx ({}): {what} failed: {text}", self.path)))
     }
 
-    /// Connects to the launcher's PMIx server; every call is paired with [`Session::finish`].
-    pub fn session(&self) -> Result<Session<'_>> {
+    /// Connects to the launcher's PMIx server until the session drops (or the process exits).
+    pub fn session(self: &Arc<Self>) -> Result<Session> {
         let mut me = Proc { nspace: [0; PMIX_MAX_NSLEN + 1], rank: 0 };
         // SAFETY: `me` is a writable pmix_proc_t; no info.
         self.check("PMIx_Init", unsafe { (self.init)(&mut me, std::ptr::null(), 0) })?;
-        Ok(Session { pmix: self, me, done: false })
+        let live = Arc::new(Live { pmix: self.clone(), finalized: AtomicBool::new(false) });
+        let mut open = OPEN.locked();
+        open.retain(|l| l.strong_count() > 0);
+        open.push(Arc::downgrade(&live));
+        AT_EXIT.call_once(|| {
+            // SAFETY: registers a function with no captured state; failure only loses the hook.
+            unsafe { libc::atexit(finalize_at_exit) };
+        });
+        Ok(Session { live, me })
     }
 }
 
-/// This process connected to the PMIx server, until [`Session::finish`] (or drop) finalizes.
-pub struct Session<'a> {
-    pmix: &'a Pmix,
-    me: Proc,
-    done: bool,
+/// One PMIx_Init, finalized once: when its session drops, or at exit for a session that never
+/// dropped (a program that ends without destroying its communicator).
+struct Live {
+    pmix: Arc<Pmix>,
+    finalized: AtomicBool,
 }
 
-impl std::fmt::Debug for Session<'_> {
+impl Live {
+    fn finalize(&self) {
+        if self.finalized.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // SAFETY: paired with the PMIx_Init of `Pmix::session`, once.
+        let rc = unsafe { (self.pmix.finalize)(std::ptr::null(), 0) };
+        if let Err(e) = self.pmix.check("PMIx_Finalize", rc) {
+            tracing::warn!("{e}");
+        }
+    }
+}
+
+static OPEN: Mutex<Vec<Weak<Live>>> = Mutex::new(Vec::new());
+static AT_EXIT: Once = Once::new();
+
+extern "C" fn finalize_at_exit() {
+    let open: Vec<Arc<Live>> = OPEN.locked().iter().filter_map(Weak::upgrade).collect();
+    for live in open {
+        live.finalize();
+    }
+}
+
+/// This process connected to the PMIx server; dropping it finalizes (so does the process's exit,
+/// if it never drops). PMIx counts its inits: an MPI library in the same process shares the
+/// connection, and the last finalize (MPI's or this) disconnects. Kept as long as the world's
+/// communicators: Open MPI's MPI_Init fails after a PMIx_Init and PMIx_Finalize of its own
+/// process, and mpirun counts a process that connected and never finalized as failed.
+pub struct Session {
+    live: Arc<Live>,
+    me: Proc,
+}
+
+impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session").field("rank", &self.me.rank).finish()
     }
@@ -162,7 +206,7 @@ fn timeout_info(timeout: Duration) -> Info {
     info
 }
 
-impl Session<'_> {
+impl Session {
     /// This process's rank in its PMIx namespace.
     pub fn rank(&self) -> u32 {
         self.me.rank
@@ -173,16 +217,16 @@ impl Session<'_> {
         let (k, v) = (key(k)?, CString::new(value).map_err(|_| Error::invalid("a PMIx value holds a NUL"))?);
         let val = Value { kind: PMIX_STRING, data: [v.as_ptr() as u64, 0, 0] };
         // SAFETY: a string value whose pointer lives through the call (PMIx copies it).
-        self.pmix.check("PMIx_Put", unsafe { (self.pmix.put)(PMIX_GLOBAL, k.as_ptr(), &val) })?;
+        self.live.pmix.check("PMIx_Put", unsafe { (self.live.pmix.put)(PMIX_GLOBAL, k.as_ptr(), &val) })?;
         // SAFETY: no arguments.
-        self.pmix.check("PMIx_Commit", unsafe { (self.pmix.commit)() })
+        self.live.pmix.check("PMIx_Commit", unsafe { (self.live.pmix.commit)() })
     }
 
     /// Waits until every process of the namespace has fenced (or `timeout` passed).
     pub fn fence(&self, timeout: Duration) -> Result<()> {
         let info = timeout_info(timeout);
         // SAFETY: NULL procs means the whole namespace; one valid info.
-        self.pmix.check("PMIx_Fence", unsafe { (self.pmix.fence)(std::ptr::null(), 0, &info, 1) })
+        self.live.pmix.check("PMIx_Fence", unsafe { (self.live.pmix.fence)(std::ptr::null(), 0, &info, 1) })
     }
 
     /// The string `rank` put under `key`.
@@ -192,7 +236,7 @@ impl Session<'_> {
         let info = timeout_info(timeout);
         let mut out: *mut Value = std::ptr::null_mut();
         // SAFETY: valid proc, key and info; `out` receives a value PMIx allocated.
-        self.pmix.check("PMIx_Get", unsafe { (self.pmix.get)(&whom, k.as_ptr(), &info, 1, &mut out) })?;
+        self.live.pmix.check("PMIx_Get", unsafe { (self.live.pmix.get)(&whom, k.as_ptr(), &info, 1, &mut out) })?;
         if out.is_null() {
             return Err(Error::new(ErrorKind::Store, "PMIx_Get returned no value"));
         }
@@ -204,7 +248,7 @@ impl Session<'_> {
         } else {
             Err(Error::new(ErrorKind::Store, format!("PMIx_Get: the value of {k:?} is of type {kind}, not a string")))
         };
-        if let Some(destruct) = self.pmix.value_destruct {
+        if let Some(destruct) = self.live.pmix.value_destruct {
             // SAFETY: `out` came from PMIx_Get, which allocates it with malloc (PMIX_VALUE_RELEASE).
             unsafe {
                 destruct(out);
@@ -213,22 +257,11 @@ impl Session<'_> {
         }
         text
     }
-
-    /// Disconnects from the server: a launcher counts a process that connected and never
-    /// finalized as failed.
-    pub fn finish(mut self) -> Result<()> {
-        self.done = true;
-        // SAFETY: paired with the PMIx_Init of `session`.
-        self.pmix.check("PMIx_Finalize", unsafe { (self.pmix.finalize)(std::ptr::null(), 0) })
-    }
 }
 
-impl Drop for Session<'_> {
+impl Drop for Session {
     fn drop(&mut self) {
-        if !self.done {
-            // SAFETY: as in `finish`.
-            let _ = unsafe { (self.pmix.finalize)(std::ptr::null(), 0) };
-        }
+        self.live.finalize();
     }
 }
 
