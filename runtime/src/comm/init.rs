@@ -163,7 +163,7 @@ impl Communicator {
         static WORLDS: AtomicU64 = AtomicU64::new(0);
         let nth = WORLDS.fetch_add(1, Ordering::SeqCst);
         let met = meet::meet(env, cfg, nth)?;
-        tracing::info!(launcher = env.launcher.name(), store = %met.store, hosts = met.hosts, "meeting");
+        tracing::info!(launcher = env.launcher.name(), via = met.via, store = %met.store, hosts = met.hosts, "meeting");
         let mut cfg = cfg.clone();
         if let Some(ip) = met.bind {
             cfg.bind_addr = ip;

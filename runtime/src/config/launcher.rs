@@ -211,11 +211,11 @@ fn torchrun(get: Get) -> Found {
         (None, Some(_)) => return Err("WORLD_SIZE is set but RANK is not (torchrun sets both)".into()),
     };
     rank_below(rank, size, "RANK, WORLD_SIZE")?;
-    // One process per pod (Kubeflow's PyTorchJob without torchrun) when the local pair is absent.
+    // Without the pair (Kubeflow's PyTorchJob without torchrun, ranks started by hand) nothing
+    // says which ranks share a host.
     let local = match (num(get, "LOCAL_RANK", "a rank")?, num(get, "LOCAL_WORLD_SIZE", "a size")?) {
-        (Some(r), Some(n)) => (r, n),
-        (Some(r), None) => (r, size),
-        _ => (0, 1),
+        (Some(r), Some(n)) => Some((r, n)),
+        _ => None,
     };
     let run = set(get, "TORCHELASTIC_RUN_ID");
     let (addr, port) = (set(get, "MASTER_ADDR"), num(get, "MASTER_PORT", "a port")?);
@@ -235,7 +235,7 @@ fn torchrun(get: Get) -> Found {
         launcher: Launcher::Torchrun,
         rank,
         size,
-        local: Some(local),
+        local,
         node: num(get, "GROUP_RANK", "a node rank")?,
         device: None,
         from: "RANK, WORLD_SIZE".into(),

@@ -138,10 +138,12 @@ fn each_launcher_alone() {
     assert_eq!((e.launcher, e.rank, e.local_world_size), (Launcher::Pmi, 2, 3));
     assert_eq!(e.meet, rank0(&format!("127.0.0.1:{}", derived_port("7"))));
 
-    // Kubeflow's PyTorchJob without torchrun: one process per pod.
+    // Kubeflow's PyTorchJob without torchrun, or ranks started by hand: where they run is unknown,
+    // so loopback is no mistake.
     let e = ok(&[("RANK", "2"), ("WORLD_SIZE", "4"), ("MASTER_ADDR", "10.1.2.3"), ("MASTER_PORT", "23456")]);
-    assert_eq!((e.local_rank, e.local_world_size), (0, 1));
+    assert_eq!((e.local_rank, e.local_world_size), (2, 4));
     assert_eq!(e.meet, rank0("10.1.2.3:23509"));
+    assert_eq!(ok(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "localhost"), ("MASTER_PORT", "1")]).rank, 1);
 }
 
 #[test]

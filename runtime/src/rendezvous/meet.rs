@@ -16,6 +16,8 @@ use crate::sync::Locked;
 pub(crate) struct Met {
     pub store: StoreAddr,
     pub token: Vec<u8>,
+    /// How the ranks met: `HCCN_STORE`, `the launcher's address` or `PMIx` (logged).
+    pub via: &'static str,
     /// Whether this process hosts the store (rank 0).
     pub hosts: bool,
     /// What lives as long as the world's communicators: the store this process hosts, the PMIx
@@ -41,16 +43,22 @@ pub(crate) fn meet(env: &LaunchEnv, cfg: &Config, nth: u64) -> Result<Met> {
 
 fn meet_by(how: &Meet, env: &LaunchEnv, cfg: &Config, nth: u64) -> Result<Met> {
     match how {
-        Meet::Store(store) => {
-            Ok(Met { store: store.clone(), token: env.job_token.clone(), hosts: false, keep: Vec::new(), bind: None })
-        }
+        Meet::Store(store) => Ok(Met {
+            store: store.clone(),
+            token: env.job_token.clone(),
+            via: "HCCN_STORE",
+            hosts: false,
+            keep: Vec::new(),
+            bind: None,
+        }),
         Meet::Rank0 { dial, listen } => {
             let mut keep: Vec<Box<dyn Send>> = Vec::new();
             if env.rank == 0 {
                 keep.push(Box::new(host(*listen, &env.job_token)?));
             }
             let (hosts, bind) = (!keep.is_empty(), toward(env, dial.ip()));
-            Ok(Met { store: StoreAddr::Tcp(*dial), token: env.job_token.clone(), hosts, keep, bind })
+            let via = "the launcher's address";
+            Ok(Met { store: StoreAddr::Tcp(*dial), token: env.job_token.clone(), via, hosts, keep, bind })
         }
         Meet::Pmix { single_node, fallback } => match Pmix::load(env.pmix_lib.as_deref()) {
             Ok(pmix) => by_pmix(&Arc::new(pmix), env, cfg, *single_node, nth),
@@ -161,5 +169,5 @@ fn by_pmix(pmix: &Arc<Pmix>, env: &LaunchEnv, cfg: &Config, single_node: bool, n
     let token = if env.token_given { env.job_token.clone() } else { token.as_bytes().to_vec() };
     let (hosts, bind) = (!keep.is_empty(), toward(env, addr.ip()));
     keep.push(Box::new(session));
-    Ok(Met { store: StoreAddr::Tcp(addr), token, hosts, keep, bind })
+    Ok(Met { store: StoreAddr::Tcp(addr), token, via: "PMIx", hosts, keep, bind })
 }
