@@ -1,8 +1,8 @@
 //! hccn under the launchers clusters use, with no hccnrun and no HCCN_* variable: a real one-node
 //! Slurm (srun, salloc, mpirun inside an allocation), Open MPI's mpirun (by environment, through
-//! PMIx, beside MPI itself, and the unique id over MPI_Bcast), MPICH's mpiexec, torchrun (one host, and two
-//! network-namespace hosts), Ascend rank tables on the HCCL backend (through hccl-emu), and
-//! environments that must fail at once. Needs `cargo build --release` first and the Debian
+//! PMIx, beside MPI itself, and the unique id over MPI_Bcast), MPICH's mpiexec, torchrun (one
+//! host, and two network-namespace hosts), MindSpore's msrun with hccn_ms, Ascend rank tables on
+//! the HCCL backend (through hccl-emu), and environments that must fail at once. Needs `cargo build --release` first and the Debian
 //! packages and torch venv that scripts/setup*.sh install. Every run has a hard timeout.
 
 use std::path::{Path, PathBuf};
@@ -11,6 +11,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use hccn_runtime::config::VARIABLES;
+use hccn_tests::framework::Framework;
 use hccn_tests::launch::{self, Outcome};
 use hccn_tests::netlab::Lab;
 use hccn_tests::scratch::{root, TempDir};
@@ -350,4 +351,35 @@ fn pmix_layouts_match_the_installed_header() {
     let out = launch::run(Command::new(&exe), T);
     let want = hccn_runtime::rendezvous::pmix::LAYOUT.map(|s| s.to_string()).join(" ");
     assert_eq!(out.stdout, want, "pmix_proc_t, pmix_value_t, pmix_info_t");
+}
+
+#[test]
+fn msrun_workers_run_mindspore_over_hccn_and_its_scheduler_steps_aside() {
+    let venv = "/opt/hccn/venvs/mindspore/bin";
+    let ms = Framework {
+        python: "/opt/hccn/venvs/mindspore/bin/python",
+        dir: "mindspore",
+        build_args: &["--interface-test"],
+        build_timeout: Duration::from_secs(300),
+        env: &[],
+    };
+    let logs = scratch().join("msrun-logs");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+    let mut c = cmd(format!("{venv}/msrun"));
+    c.args(["--worker_num", "2", "--local_worker_num", "2", "--join", "True", "--master_port", &port.to_string()])
+        .arg("--log_dir")
+        .arg(&logs)
+        .arg(root().join("examples/launchers/ms_allreduce.py"))
+        // msrun starts `python` from PATH.
+        .env("PATH", format!("{venv}:{}", std::env::var("PATH").unwrap_or_default()))
+        .env("PYTHONPATH", ms.built())
+        .env("GLOG_v", "3");
+    let out = launch::run(c, Duration::from_secs(300));
+    let log = |f: &str| std::fs::read_to_string(logs.join(f)).unwrap_or_default();
+    let all = format!("{}\n{}\n{}", log("scheduler.log"), log("worker_0.log"), log("worker_1.log"));
+    assert_eq!(out.code, Some(0), "{}\n{all}", out.describe());
+    for r in 0..2 {
+        assert!(log(&format!("worker_{r}.log")).contains(&format!("[msrun] rank {r} of 2: ok")), "{all}");
+    }
+    assert!(log("scheduler.log").contains("msrun's scheduler process is not needed"), "{all}");
 }
