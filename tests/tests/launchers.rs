@@ -153,12 +153,13 @@ fn mpirun_by_pmix_by_environment_beside_mpi_and_by_unique_id() {
     assert!((0..4).all(|r| meeting(&out, r).contains("via=\"the launcher's address\"")), "{}", out.describe());
     assert!(meeting(&out, 0).contains("store=tcp://127.0.0.1:2"), "a derived port: {}", out.describe());
 
-    // MPI in the same process shares mpirun's PMIx connection, whichever initializes first, and
-    // a program that never destroys its communicator still ends well under mpirun.
-    let both = compile("mpicc", &root().join("tests/src/c/mpi_and_hccn.c"), "mpi_and_hccn");
-    for mode in ["mpi-first", "hccn-first", "no-destroy"] {
+    // MPI in the same process shares mpirun's PMIx connection, whichever initializes first, a
+    // program that never destroys its communicator still ends well under mpirun, and a process
+    // makes several worlds (two at once, then another).
+    let both = worlds_program();
+    for mode in ["mpi-first", "hccn-first", "no-destroy", "worlds"] {
         let mut c = mpirun();
-        c.args(["-n", "3"]).arg(&both).arg(mode);
+        c.args(["-n", "3"]).arg(both).arg(mode);
         expect_all(&launch::run(c, T), 3, |r| format!("[{r}] {mode}: rank {r} of 3 ok"), mode);
     }
 
@@ -186,6 +187,15 @@ fn torchrun_starts_a_c_program() {
     let mut c = torchrun();
     c.args(["--nproc-per-node", "3", "--no-python"]).arg(c_example());
     expect_all(&launch::run(c, T), 3, c_example_line(3), "torchrun --nproc-per-node 3 --no-python allreduce");
+    // Several worlds in a process meet in the one store rank 0 keeps at MASTER_PORT+53.
+    let mut c = torchrun();
+    c.args(["--nproc-per-node", "3", "--no-python"]).arg(worlds_program()).arg("worlds");
+    expect_all(&launch::run(c, T), 3, |r| format!("[{r}] worlds: rank {r} of 3 ok"), "torchrun: three worlds");
+}
+
+fn worlds_program() -> &'static Path {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| compile("mpicc", &root().join("tests/src/c/mpi_and_hccn.c"), "mpi_and_hccn"))
 }
 
 #[test]
@@ -308,6 +318,13 @@ fn bad_environments_fail_at_once_naming_what_to_set() {
     refused_at_once(&[("RANK_TABLE_FILE", &t)], &["RANK_ID is not", "0..4"]);
     refused_at_once(&[("RANK_TABLE_FILE", &t), ("RANK_ID", "4")], &["RANK_ID=4 is not in"]);
     refused_at_once(&[("RANK_TABLE_FILE", "/nonexistent/hccl.json"), ("RANK_ID", "0")], &["cannot read"]);
+    // The port rank 0 would host the store on is taken: rank 0 says so, and what to set.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let port = taken.local_addr().expect("its address").port();
+    let master = (port - 53).to_string();
+    let torch = [("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", master.as_str())];
+    refused_at_once(&torch, &["rank 0 cannot host the store", "the port is taken", "HCCN_STORE"]);
+    drop(taken);
     // msrun's scheduler process is no rank.
     refused_at_once(&[("MS_ROLE", "MS_SCHED"), ("MS_WORKER_NUM", "2")], &["scheduler", "not a rank"]);
 }
@@ -316,11 +333,8 @@ fn bad_environments_fail_at_once_naming_what_to_set() {
 fn hccn_info_alone_is_a_world_of_one() {
     let out = launch::run(cmd(launch::bin("hccn-info")), T);
     assert_eq!(out.code, Some(0), "{}", out.describe());
-    assert!(
-        out.stdout.contains("# launcher: none found") && out.stdout.contains("1 ranks on 1 host(s)"),
-        "{}",
-        out.describe()
-    );
+    assert!(out.stdout.starts_with("# hccn-info: 1 ranks on 1 host(s)"), "{}", out.describe());
+    assert!(out.stdout.contains("\n# launcher: none found"), "{}", out.describe());
     let mut c = cmd(launch::bin("hccn-info"));
     c.arg("--launcher").envs([
         ("RANK", "1"),

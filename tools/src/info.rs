@@ -257,13 +257,15 @@ fn run(resources_only: bool) -> Result<(), String> {
     let comm = joined.control();
     let me = comm.rank();
     let failed = |what: &'static str| move |e: hccn_runtime::Error| format!("rank {me}: {what} failed: {e}");
-    let mut lines: Vec<String> = launcher.iter().map(|l| format!("# {l}")).collect();
+    let mut lines = Vec::new();
     if !resources_only {
         let hosts = all_hostnames(comm).map_err(failed("host name exchange"))?;
         let links = measure_links(comm).map_err(failed("link measurement"))?;
         let plan = |op: &str, bytes: usize| comm.plan(op, bytes).ok().flatten().map(|(algo, _)| algo);
-        lines.extend(report(&hosts, &links, &plan, hccn_runtime::read_cost()));
+        lines = report(&hosts, &links, &plan, hccn_runtime::read_cost());
     }
+    // What started the job and where its ranks met, after the topology.
+    lines.extend(launcher.iter().map(|l| format!("# {l}")));
     let usage = crate::resources::measure(comm).map_err(failed("resource count"))?;
     lines.extend(crate::resources::report(&usage));
     if me == 0 {

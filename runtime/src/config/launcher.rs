@@ -412,30 +412,7 @@ fn slurm(get: Get) -> Found {
     let local = num(get, "SLURM_LOCALID", "a task id")?.zip(local_size);
     let nodes = hosts.as_ref().map(Vec::len).or(counts.as_ref().map(Vec::len));
     let id = format!("{job}.{step}");
-    let port = derived_port(&id);
-    let first = hosts.as_ref().and_then(|h| h.first()).cloned();
-    let route = match (nodes, first) {
-        (Some(1), _) => Route::At {
-            host: "127.0.0.1".into(),
-            port,
-            why: format!(
-                "the step runs on one node: rank 0 hosts it on loopback, port {port} derived from job step {id}"
-            ),
-        },
-        (_, first) => {
-            let at = first.map(|host| Route::At {
-                port,
-                why: format!("rank 0 hosts it on the step's first node {host}, port {port} derived from job step {id}"),
-                host,
-            });
-            if pmix_here(get)? {
-                let why = "rank 0 hosts it and tells the others through Slurm's PMIx (srun --mpi=pmix)".into();
-                Route::Pmix { single_node: false, fallback: at.map(Box::new), why }
-            } else {
-                at.unwrap_or_else(|| Route::Nowhere(bad("SLURM_STEP_NODELIST is not set (srun sets it)".into())))
-            }
-        }
-    };
+    let route = slurm_route(get, &id, nodes, hosts.as_ref().and_then(|h| h.first()).cloned())?;
     Ok(Some(Claim {
         launcher: Launcher::Slurm,
         rank,
@@ -448,6 +425,27 @@ fn slurm(get: Get) -> Found {
         job: format!("slurm/{id}"),
         route,
     }))
+}
+
+/// A one-node step meets on loopback; a larger one through PMIx where srun runs it, else on the
+/// step's first node; on a port derived from the step's `JOB.STEP`.
+fn slurm_route(get: Get, id: &str, nodes: Option<usize>, first: Option<String>) -> std::result::Result<Route, String> {
+    let port = derived_port(id);
+    if nodes == Some(1) {
+        let why =
+            format!("the step runs on one node: rank 0 hosts it on loopback, port {port} derived from job step {id}");
+        return Ok(Route::At { host: "127.0.0.1".into(), port, why });
+    }
+    let at = first.map(|host| Route::At {
+        port,
+        why: format!("rank 0 hosts it on the step's first node {host}, port {port} derived from job step {id}"),
+        host,
+    });
+    if pmix_here(get)? {
+        let why = "rank 0 hosts it and tells the others through Slurm's PMIx (srun --mpi=pmix)".into();
+        return Ok(Route::Pmix { single_node: false, fallback: at.map(Box::new), why });
+    }
+    Ok(at.unwrap_or_else(|| Route::Nowhere(format!("job step {id}: SLURM_STEP_NODELIST is not set (srun sets it)"))))
 }
 
 fn rank_table(get: Get) -> Found {

@@ -3,9 +3,9 @@
 //! address rank 0 tells the others through the launcher's PMIx.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 
-use super::pmix::Pmix;
+use super::pmix;
 use super::{StoreAddr, StoreServer};
 use crate::auth::random_bytes;
 use crate::config::{Config, LaunchEnv, Meet};
@@ -20,16 +20,17 @@ pub(crate) struct Met {
     pub via: &'static str,
     /// Whether this process hosts the store (rank 0).
     pub hosts: bool,
-    /// What lives as long as the world's communicators: the store this process hosts, the PMIx
-    /// session.
+    /// What lives as long as the world's communicators (the store rank 0 made for it through
+    /// PMIx).
     pub keep: Vec<Box<dyn Send>>,
     /// The address this rank listens on, where `HCCN_BIND_ADDR` does not say.
     pub bind: Option<IpAddr>,
 }
 
-/// Stores rank 0 hosts for launchers, by listening address: a second world made while the
-/// first lives (a second `hccn_init_from_env`) meets in the same store, under its own prefix.
-static HOSTED: Mutex<Vec<(SocketAddr, Weak<StoreServer>)>> = Mutex::new(Vec::new());
+/// Stores rank 0 hosts at a launcher's address, kept until the process exits: every later world
+/// of the process (another `hccn_init_from_env`) meets in the same store under its own prefix.
+/// A store per world would reopen the same port, and a fast rank could reach the one closing.
+static HOSTED: Mutex<Vec<Arc<StoreServer>>> = Mutex::new(Vec::new());
 
 /// The PMIx key of the `nth` world's store: each world of a process gets its own.
 fn pmix_key(nth: u64) -> String {
@@ -52,16 +53,15 @@ fn meet_by(how: &Meet, env: &LaunchEnv, cfg: &Config, nth: u64) -> Result<Met> {
             bind: None,
         }),
         Meet::Rank0 { dial, listen } => {
-            let mut keep: Vec<Box<dyn Send>> = Vec::new();
-            if env.rank == 0 {
-                keep.push(Box::new(host(*listen, &env.job_token)?));
+            let hosts = env.rank == 0;
+            if hosts {
+                host(*listen, &env.job_token)?;
             }
-            let (hosts, bind) = (!keep.is_empty(), toward(env, dial.ip()));
-            let via = "the launcher's address";
-            Ok(Met { store: StoreAddr::Tcp(*dial), token: env.job_token.clone(), via, hosts, keep, bind })
+            let (via, bind) = ("the launcher's address", toward(env, dial.ip()));
+            Ok(Met { store: StoreAddr::Tcp(*dial), token: env.job_token.clone(), via, hosts, keep: Vec::new(), bind })
         }
-        Meet::Pmix { single_node, fallback } => match Pmix::load(env.pmix_lib.as_deref()) {
-            Ok(pmix) => by_pmix(&Arc::new(pmix), env, cfg, *single_node, nth),
+        Meet::Pmix { single_node, fallback } => match pmix::session(env.pmix_lib.as_deref()) {
+            Ok(session) => by_pmix(&session, env, cfg, *single_node, nth),
             Err(e) => match fallback {
                 Some(f) => {
                     tracing::info!("{e}; meeting without PMIx");
@@ -75,12 +75,11 @@ fn meet_by(how: &Meet, env: &LaunchEnv, cfg: &Config, nth: u64) -> Result<Met> {
     }
 }
 
-/// Rank 0's store at `listen`, started here unless this process hosts it already.
-fn host(listen: SocketAddr, token: &[u8]) -> Result<Arc<StoreServer>> {
+/// Starts rank 0's store at `listen` unless this process hosts it already.
+fn host(listen: SocketAddr, token: &[u8]) -> Result<()> {
     let mut hosted = HOSTED.locked();
-    hosted.retain(|(_, s)| s.strong_count() > 0);
-    if let Some(s) = hosted.iter().find(|(a, _)| *a == listen).and_then(|(_, s)| s.upgrade()) {
-        return Ok(s);
+    if hosted.iter().any(|s| s.local_addr() == listen) {
+        return Ok(());
     }
     // Bound once first to say what is wrong in the user's words (the store binds it again).
     if let Err(e) = TcpListener::bind(listen) {
@@ -97,9 +96,8 @@ fn host(listen: SocketAddr, token: &[u8]) -> Result<Arc<StoreServer>> {
             ),
         ));
     }
-    let s = Arc::new(StoreServer::start(listen, token)?);
-    hosted.push((listen, Arc::downgrade(&s)));
-    Ok(s)
+    hosted.push(Arc::new(StoreServer::start(listen, token)?));
+    Ok(())
 }
 
 /// This host's address on the way to `store` (no packet is sent), unless `HCCN_BIND_ADDR`
@@ -137,8 +135,7 @@ fn hex(b: &[u8]) -> String {
 
 /// Rank 0 starts a store on a free port and puts `ADDRESS TOKEN` under the world's key; every
 /// rank fences and gets it. A token made here travels only through the launcher's PMIx.
-fn by_pmix(pmix: &Arc<Pmix>, env: &LaunchEnv, cfg: &Config, single_node: bool, nth: u64) -> Result<Met> {
-    let session = pmix.session()?;
+fn by_pmix(session: &pmix::Session, env: &LaunchEnv, cfg: &Config, single_node: bool, nth: u64) -> Result<Met> {
     if session.rank() != env.rank {
         return Err(Error::invalid(format!(
             "PMIx numbers this process {} but {} says {}: set HCCN_PMIX=off, or HCCN_STORE",
@@ -168,6 +165,5 @@ fn by_pmix(pmix: &Arc<Pmix>, env: &LaunchEnv, cfg: &Config, single_node: bool, n
         addr.parse().map_err(|_| Error::new(ErrorKind::Store, format!("PMIx: {addr:?} is no address")))?;
     let token = if env.token_given { env.job_token.clone() } else { token.as_bytes().to_vec() };
     let (hosts, bind) = (!keep.is_empty(), toward(env, addr.ip()));
-    keep.push(Box::new(session));
     Ok(Met { store: StoreAddr::Tcp(addr), token, via: "PMIx", hosts, keep, bind })
 }

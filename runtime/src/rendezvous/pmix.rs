@@ -6,8 +6,7 @@
 
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Once, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use libloading::Library;
@@ -85,7 +84,7 @@ const SONAME: &str = "libpmix.so.2";
 
 impl Pmix {
     /// Loads `path`, else `libpmix.so.2` from the loader's search path.
-    pub fn load(path: Option<&Path>) -> Result<Pmix> {
+    fn load(path: Option<&Path>) -> Result<Pmix> {
         let name = path.map_or_else(|| SONAME.to_owned(), |p| p.display().to_string());
         let unavailable = |why: String| Error::new(ErrorKind::Unavailable, format!("PMIx: {name}: {why}"));
         // SAFETY: loading a shared library runs its initialisers; libpmix's are those of an
@@ -127,62 +126,49 @@ impl Pmix {
         let kind = if rc == -24 { ErrorKind::Timeout } else { ErrorKind::Store };
         Err(Error::new(kind, format!("PMIx ({}): {what} failed: {text}", self.path)))
     }
+}
 
-    /// Connects to the launcher's PMIx server until the session drops (or the process exits).
-    pub fn session(self: &Arc<Self>) -> Result<Session> {
-        let mut me = Proc { nspace: [0; PMIX_MAX_NSLEN + 1], rank: 0 };
-        // SAFETY: `me` is a writable pmix_proc_t; no info.
-        self.check("PMIx_Init", unsafe { (self.init)(&mut me, std::ptr::null(), 0) })?;
-        let live = Arc::new(Live { pmix: self.clone(), finalized: AtomicBool::new(false) });
-        let mut open = OPEN.locked();
-        open.retain(|l| l.strong_count() > 0);
-        open.push(Arc::downgrade(&live));
-        AT_EXIT.call_once(|| {
-            // SAFETY: registers a function with no captured state; failure only loses the hook.
-            unsafe { libc::atexit(finalize_at_exit) };
-        });
-        Ok(Session { live, me })
+/// The process's one connection to the launcher's PMIx server, made on first use and closed at
+/// exit, never before: Open MPI's MPI_Init, and PMIx_Init itself, fail in a process that
+/// connected and disconnected once, and mpirun counts a process that connected and never
+/// finalized as failed. PMIx counts inits, so an MPI library in the same process shares the
+/// connection whichever comes first, and the last finalize (MPI's or this) disconnects.
+pub struct Session {
+    pmix: Pmix,
+    me: Proc,
+}
+
+static SESSION: Mutex<Option<Arc<Session>>> = Mutex::new(None);
+
+/// The process's PMIx session, connecting through `lib` (else `libpmix.so.2`) the first time.
+pub fn session(lib: Option<&Path>) -> Result<Arc<Session>> {
+    let mut shared = SESSION.locked();
+    if let Some(s) = shared.as_ref() {
+        return Ok(s.clone());
     }
+    let pmix = Pmix::load(lib)?;
+    let mut me = Proc { nspace: [0; PMIX_MAX_NSLEN + 1], rank: 0 };
+    // SAFETY: `me` is a writable pmix_proc_t; no info.
+    pmix.check("PMIx_Init", unsafe { (pmix.init)(&mut me, std::ptr::null(), 0) })?;
+    // SAFETY: registers a function with no captured state; a failure only loses the finalize.
+    if unsafe { libc::atexit(finalize_at_exit) } != 0 {
+        tracing::warn!("PMIx: no exit hook; the launcher may count this process as failed at its end");
+    }
+    let s = Arc::new(Session { pmix, me });
+    *shared = Some(s.clone());
+    Ok(s)
 }
 
-/// One PMIx_Init, finalized once: when its session drops, or at exit for a session that never
-/// dropped (a program that ends without destroying its communicator).
-struct Live {
-    pmix: Arc<Pmix>,
-    finalized: AtomicBool,
-}
-
-impl Live {
-    fn finalize(&self) {
-        if self.finalized.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        // SAFETY: paired with the PMIx_Init of `Pmix::session`, once.
-        let rc = unsafe { (self.pmix.finalize)(std::ptr::null(), 0) };
-        if let Err(e) = self.pmix.check("PMIx_Finalize", rc) {
+extern "C" fn finalize_at_exit() {
+    // A lock poisoned by a panic still holds the session.
+    let session = SESSION.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(s) = session {
+        // SAFETY: paired with the one PMIx_Init of `session`.
+        let rc = unsafe { (s.pmix.finalize)(std::ptr::null(), 0) };
+        if let Err(e) = s.pmix.check("PMIx_Finalize", rc) {
             tracing::warn!("{e}");
         }
     }
-}
-
-static OPEN: Mutex<Vec<Weak<Live>>> = Mutex::new(Vec::new());
-static AT_EXIT: Once = Once::new();
-
-extern "C" fn finalize_at_exit() {
-    let open: Vec<Arc<Live>> = OPEN.locked().iter().filter_map(Weak::upgrade).collect();
-    for live in open {
-        live.finalize();
-    }
-}
-
-/// This process connected to the PMIx server; dropping it finalizes (so does the process's exit,
-/// if it never drops). PMIx counts its inits: an MPI library in the same process shares the
-/// connection, and the last finalize (MPI's or this) disconnects. Kept as long as the world's
-/// communicators: Open MPI's MPI_Init fails after a PMIx_Init and PMIx_Finalize of its own
-/// process, and mpirun counts a process that connected and never finalized as failed.
-pub struct Session {
-    live: Arc<Live>,
-    me: Proc,
 }
 
 impl std::fmt::Debug for Session {
@@ -217,16 +203,16 @@ impl Session {
         let (k, v) = (key(k)?, CString::new(value).map_err(|_| Error::invalid("a PMIx value holds a NUL"))?);
         let val = Value { kind: PMIX_STRING, data: [v.as_ptr() as u64, 0, 0] };
         // SAFETY: a string value whose pointer lives through the call (PMIx copies it).
-        self.live.pmix.check("PMIx_Put", unsafe { (self.live.pmix.put)(PMIX_GLOBAL, k.as_ptr(), &val) })?;
+        self.pmix.check("PMIx_Put", unsafe { (self.pmix.put)(PMIX_GLOBAL, k.as_ptr(), &val) })?;
         // SAFETY: no arguments.
-        self.live.pmix.check("PMIx_Commit", unsafe { (self.live.pmix.commit)() })
+        self.pmix.check("PMIx_Commit", unsafe { (self.pmix.commit)() })
     }
 
     /// Waits until every process of the namespace has fenced (or `timeout` passed).
     pub fn fence(&self, timeout: Duration) -> Result<()> {
         let info = timeout_info(timeout);
         // SAFETY: NULL procs means the whole namespace; one valid info.
-        self.live.pmix.check("PMIx_Fence", unsafe { (self.live.pmix.fence)(std::ptr::null(), 0, &info, 1) })
+        self.pmix.check("PMIx_Fence", unsafe { (self.pmix.fence)(std::ptr::null(), 0, &info, 1) })
     }
 
     /// The string `rank` put under `key`.
@@ -236,7 +222,7 @@ impl Session {
         let info = timeout_info(timeout);
         let mut out: *mut Value = std::ptr::null_mut();
         // SAFETY: valid proc, key and info; `out` receives a value PMIx allocated.
-        self.live.pmix.check("PMIx_Get", unsafe { (self.live.pmix.get)(&whom, k.as_ptr(), &info, 1, &mut out) })?;
+        self.pmix.check("PMIx_Get", unsafe { (self.pmix.get)(&whom, k.as_ptr(), &info, 1, &mut out) })?;
         if out.is_null() {
             return Err(Error::new(ErrorKind::Store, "PMIx_Get returned no value"));
         }
@@ -248,7 +234,7 @@ impl Session {
         } else {
             Err(Error::new(ErrorKind::Store, format!("PMIx_Get: the value of {k:?} is of type {kind}, not a string")))
         };
-        if let Some(destruct) = self.live.pmix.value_destruct {
+        if let Some(destruct) = self.pmix.value_destruct {
             // SAFETY: `out` came from PMIx_Get, which allocates it with malloc (PMIX_VALUE_RELEASE).
             unsafe {
                 destruct(out);
@@ -256,12 +242,6 @@ impl Session {
             }
         }
         text
-    }
-}
-
-impl Drop for Session {
-    fn drop(&mut self) {
-        self.live.finalize();
     }
 }
 
@@ -279,7 +259,7 @@ mod tests {
 
     #[test]
     fn a_missing_library_is_named() {
-        let e = Pmix::load(Some(Path::new("/nonexistent/libpmix.so.2"))).err().map(|e| e.to_string());
+        let e = session(Some(Path::new("/nonexistent/libpmix.so.2"))).err().map(|e| e.to_string());
         assert!(e.is_some_and(|m| m.contains("/nonexistent/libpmix.so.2")));
     }
 }
