@@ -615,7 +615,12 @@ impl LaunchEnv {
             meet,
             why,
             job_id: get("HCCN_JOB_ID").unwrap_or_else(|| "default".to_owned()),
-            job_token: token.clone().unwrap_or_else(|| format!("hccn/{}", claim.job)).into_bytes(),
+            // HCCN_* set by hand without a token: the empty one, as ever.
+            job_token: match (&token, claim.launcher) {
+                (Some(t), _) => t.clone().into_bytes(),
+                (None, Launcher::Hccn) => Vec::new(),
+                (None, _) => format!("hccn/{}", claim.job).into_bytes(),
+            },
             token_given: token.is_some(),
             bind_given: bind.is_some(),
             device_id: claim.device,

@@ -152,6 +152,9 @@ fn hccn_variables_win_and_hccn_store_overrides() {
         with(TORCHRUN, &[("HCCN_RANK", "1"), ("HCCN_WORLD_SIZE", "3"), ("HCCN_STORE", "tcp://127.0.0.1:2000")]);
     let e = ok(&hccnrun);
     assert_eq!((e.launcher, e.rank), (Launcher::Hccn, 1));
+    assert!(e.job_token.is_empty() && !e.token_given, "no HCCN_JOB_TOKEN: the empty token, as before");
+    assert_eq!(ok(&with(&hccnrun, &[("HCCN_JOB_TOKEN", "s")])).job_token, b"s");
+    assert_eq!(ok(TORCHRUN).job_token, b"hccn/torchrun/29500/c4655ad1", "derived from the job");
     assert_eq!(e.meet, Meet::Store(StoreAddr::Tcp("127.0.0.1:2000".parse().expect("addr"))));
     // Even where another launcher disagrees: set by hand, HCCN_* is what the user means.
     assert_eq!(ok(&with(&hccnrun, &[("HCCN_RANK", "0")])).rank, 0);
