@@ -22,6 +22,16 @@ command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
 command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
 # The etcd TLS tests make their certificates with openssl.
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
+# The launcher tests (tests/tests/launchers.rs) run a one-node Slurm of their own, Open MPI's
+# mpirun (and its PMIx, whose header checks hccn's declarations), MPICH's mpiexec.
+command -v slurmctld >/dev/null 2>&1 || need_apt+=(slurmctld)
+command -v slurmd >/dev/null 2>&1 || need_apt+=(slurmd)
+command -v srun >/dev/null 2>&1 || need_apt+=(slurm-client)
+command -v munged >/dev/null 2>&1 || need_apt+=(munge)
+command -v mpirun.openmpi >/dev/null 2>&1 || need_apt+=(openmpi-bin)
+command -v mpicc.openmpi >/dev/null 2>&1 || need_apt+=(libopenmpi-dev)
+pkg-config --exists pmix 2>/dev/null || need_apt+=(libpmix-dev)
+command -v mpiexec.mpich >/dev/null 2>&1 || need_apt+=(mpich)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}"

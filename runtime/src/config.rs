@@ -1,12 +1,18 @@
-//! Every `HCCN_*` environment variable, parsed in one place. [`VARIABLES`] is the table the
-//! README reproduces (a test keeps the two in step).
+//! Every environment variable hccn reads, `HCCN_*` and the launchers' (launcher.rs), parsed in
+//! one place. [`VARIABLES`] is the table the README reproduces (a test keeps the two in step).
 
 use std::net::IpAddr;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::rendezvous::{EtcdAccess, StoreAddr};
+use crate::rendezvous::EtcdAccess;
 use crate::tuning::{AlgoChoice, LinkCost, LinkCosts, TransportKind, LINK_ALPHA_US, LINK_GBPS};
+
+mod hostlist;
+pub mod launcher;
+mod ranktable;
+
+pub use launcher::{LaunchEnv, Launcher, Meet};
 
 /// One documented variable: name, default, meaning.
 #[derive(Debug, Clone, Copy)]
@@ -39,11 +45,11 @@ pub const VARIABLES: &[Variable] = &[
     Variable { name: "HCCN_WORLD_SIZE", default: DefaultIs::Text("(set by hccnrun)"), meaning: "Number of ranks in the world communicator." },
     Variable { name: "HCCN_LOCAL_RANK", default: DefaultIs::Text("`HCCN_RANK`"), meaning: "Rank among the processes on this host." },
     Variable { name: "HCCN_LOCAL_WORLD_SIZE", default: DefaultIs::Text("`HCCN_WORLD_SIZE`"), meaning: "Number of ranks on this host." },
-    Variable { name: "HCCN_STORE", default: DefaultIs::Text("(set by hccnrun)"), meaning: "Rendezvous store, `tcp://host:port` (the embedded store hosted by hccnrun)." },
+    Variable { name: "HCCN_STORE", default: DefaultIs::Text("(set by hccnrun)"), meaning: "Rendezvous store, `tcp://host:port` (the embedded store hosted by hccnrun) or `etcd://host:port[,...]`. Under another launcher it overrides where the ranks would meet (docs/launchers.md)." },
     Variable { name: "HCCN_JOB_ID", default: DefaultIs::Text("`default`"), meaning: "Job name; namespaces the job's keys in the store." },
-    Variable { name: "HCCN_JOB_TOKEN", default: DefaultIs::Text("(empty)"), meaning: "Shared secret for the HMAC-SHA256 challenge-response on every store and peer connection; hccnrun makes a fresh one per job." },
+    Variable { name: "HCCN_JOB_TOKEN", default: DefaultIs::Text("(from the job)"), meaning: "Shared secret for the HMAC-SHA256 challenge-response on every store and peer connection; hccnrun makes a fresh one per job, a PMIx job a fresh one through PMIx; under other launchers it is derived from the launcher's job id, which keeps jobs apart but is no secret: set it (the same on every rank) to keep other users of the hosts out." },
     Variable { name: "HCCN_TIMEOUT_MS", default: DefaultIs::Value(|c| c.timeout.as_millis().to_string()), meaning: "Deadline of every wait (connect, rendezvous, each receive); exceeded waits fail with `HCCN_ERROR_TIMEOUT`. Like `HCCL_EXEC_TIMEOUT`, in ms." },
-    Variable { name: "HCCN_BIND_ADDR", default: DefaultIs::Value(|c| c.bind_addr.to_string()), meaning: "Address that ranks and the embedded store listen on (never all interfaces unless asked)." },
+    Variable { name: "HCCN_BIND_ADDR", default: DefaultIs::Value(|c| c.bind_addr.to_string()), meaning: "Address that ranks and the embedded store listen on (never all interfaces unless asked). Under a launcher other than hccnrun, when unset, each rank listens on its own address towards the store, and rank 0's store on the address the launcher names (docs/launchers.md)." },
     Variable { name: "HCCN_CHUNK_BYTES", default: DefaultIs::Value(|c| c.chunk_bytes.to_string()), meaning: "Largest pipeline chunk of the algorithms (4 KiB .. 8 MiB); the cost model may choose smaller chunks per operation." },
     Variable { name: "HCCN_ALGO", default: DefaultIs::Value(|c| c.algo.name().to_owned()), meaning: "Algorithm of the collectives that have a choice (allreduce above all): `auto` (the cost model decides per operation), `ring`, `rhd` (recursive halving-doubling), `tree`, `hier`; see docs/algorithms.md. An algorithm that cannot run an allreduce on the communicator is an error." },
     Variable { name: "HCCN_LINK_COST", default: DefaultIs::Value(|c| c.link_cost.name().to_owned()), meaning: "Latency and bandwidth per transport for the cost model: `measure` (world rank 0 times a shared-memory and a TCP peer when the world forms, about 20 small and 3 1-MiB round trips each, and sends the figures to every rank), `default` (the built-in figures), or a list such as `shm=0.8us:9GB/s,tcp=40us:2.2GB/s` (kinds `shm`, `tcp`, `local`; units `us`/`ms` and `GB/s`/`MB/s`; unnamed kinds keep the built-in figures). World rank 0's setting is the one every rank uses; see docs/algorithms.md." },
@@ -65,7 +71,47 @@ pub const VARIABLES: &[Variable] = &[
     Variable { name: "HCCN_BACKEND", default: DefaultIs::Value(|c| c.backend.name().to_owned()), meaning: "Data path of new communicators: `native` (hccn's TCP runtime) or `hccl` (Huawei HCCL on Ascend NPUs, loaded at run time; see docs/hccl.md)." },
     Variable { name: "HCCN_HCCL_LIB", default: DefaultIs::Text("(search)"), meaning: "Path of `libhccl.so` for `HCCN_BACKEND=hccl`; else `$ASCEND_HOME_PATH/lib64`, `$ASCEND_TOOLKIT_HOME/lib64`, then the loader's search path." },
     Variable { name: "HCCN_ACL_LIB", default: DefaultIs::Text("(search)"), meaning: "Path of `libascendcl.so` for `HCCN_BACKEND=hccl`; searched like `HCCN_HCCL_LIB`." },
-    Variable { name: "HCCN_DEVICE_ID", default: DefaultIs::Text("`HCCN_LOCAL_RANK`"), meaning: "NPU that this process binds with `aclrtSetDevice` (`HCCN_BACKEND=hccl`); else the local rank, else 0." },
+    Variable { name: "HCCN_DEVICE_ID", default: DefaultIs::Text("`HCCN_LOCAL_RANK`"), meaning: "NPU that this process binds with `aclrtSetDevice` (`HCCN_BACKEND=hccl`); else the rank table's `device_id`, else the local rank, else 0." },
+    Variable { name: "HCCN_PMIX", default: DefaultIs::Text("`auto`"), meaning: "`auto`: where the launcher runs a PMIx server (`PMIX_RANK` and `PMIX_NAMESPACE` set: Open MPI, `srun --mpi=pmix` on several nodes), rank 0 tells the others its store's address through PMIx; `off`: never (Open MPI on one host then meets on a port derived from its job id)." },
+    Variable { name: "HCCN_PMIX_LIB", default: DefaultIs::Text("(search)"), meaning: "Path of `libpmix.so.2`, loaded at run time for `HCCN_PMIX`; else the loader's search path." },
+    Variable { name: "RANK", default: DefaultIs::Text("(set by torchrun)"), meaning: "torchrun, Kubeflow and JobSet: this process's rank; with `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` rank 0 hosts the store at `MASTER_ADDR`, port `MASTER_PORT`+53 (docs/launchers.md)." },
+    Variable { name: "WORLD_SIZE", default: DefaultIs::Text("(set by torchrun)"), meaning: "torchrun: the number of ranks." },
+    Variable { name: "LOCAL_RANK", default: DefaultIs::Text("`RANK`"), meaning: "torchrun: rank on this host." },
+    Variable { name: "LOCAL_WORLD_SIZE", default: DefaultIs::Text("`WORLD_SIZE`"), meaning: "torchrun: ranks on this host; with `LOCAL_RANK`, a world that spans hosts is refused a loopback `MASTER_ADDR`." },
+    Variable { name: "GROUP_RANK", default: DefaultIs::Text("(set by torchrun)"), meaning: "torchrun: index of this host's agent (hccn-info's node)." },
+    Variable { name: "MASTER_ADDR", default: DefaultIs::Text("(set by torchrun)"), meaning: "torchrun: host of rank 0, where hccn's store listens too." },
+    Variable { name: "MASTER_PORT", default: DefaultIs::Text("(set by torchrun)"), meaning: "torchrun: torch's store port; hccn's is 53 above (53 below past 65535)." },
+    Variable { name: "TORCHELASTIC_RUN_ID", default: DefaultIs::Text("(set by torchrun)"), meaning: "torchrun: the run's id; its presence says torchrun started this process (an enclosing Slurm step's other numbers are then nesting, not a conflict)." },
+    Variable { name: "SLURM_JOB_ID", default: DefaultIs::Text("(set by Slurm)"), meaning: "Slurm: the job; with `SLURM_STEP_ID`, names the store's port: 20000 + (a hash of job and step) mod 10000." },
+    Variable { name: "SLURM_STEP_ID", default: DefaultIs::Text("(set by srun)"), meaning: "Slurm: the job step; absent in a batch script or an salloc shell, whose Slurm variables describe no ranks (an error when no other launcher is found)." },
+    Variable { name: "SLURM_PROCID", default: DefaultIs::Text("(set by srun)"), meaning: "Slurm: this task's rank in the step." },
+    Variable { name: "SLURM_NTASKS", default: DefaultIs::Text("(set by srun)"), meaning: "Slurm: the step's number of tasks." },
+    Variable { name: "SLURM_LOCALID", default: DefaultIs::Text("(set by srun)"), meaning: "Slurm: rank on this node." },
+    Variable { name: "SLURM_NODEID", default: DefaultIs::Text("(set by srun)"), meaning: "Slurm: index of this node in the step." },
+    Variable { name: "SLURM_STEP_NODELIST", default: DefaultIs::Text("(set by srun)"), meaning: "Slurm: the step's nodes, compressed (`node[01-04,07]`); rank 0 hosts the store on the first (on loopback when the step has one node)." },
+    Variable { name: "SLURM_STEP_TASKS_PER_NODE", default: DefaultIs::Text("(set by srun)"), meaning: "Slurm: tasks per node (`2(x3),1`), for the local world size." },
+    Variable { name: "OMPI_COMM_WORLD_RANK", default: DefaultIs::Text("(set by mpirun)"), meaning: "Open MPI: this process's rank." },
+    Variable { name: "OMPI_COMM_WORLD_SIZE", default: DefaultIs::Text("(set by mpirun)"), meaning: "Open MPI: the number of ranks." },
+    Variable { name: "OMPI_COMM_WORLD_LOCAL_RANK", default: DefaultIs::Text("(set by mpirun)"), meaning: "Open MPI: rank on this host." },
+    Variable { name: "OMPI_COMM_WORLD_LOCAL_SIZE", default: DefaultIs::Text("(set by mpirun)"), meaning: "Open MPI: ranks on this host (all of them: the job is on one host)." },
+    Variable { name: "OMPI_MCA_ess_base_jobid", default: DefaultIs::Text("(set by mpirun)"), meaning: "Open MPI 4: the job id, where `PMIX_NAMESPACE` is not set." },
+    Variable { name: "PMIX_RANK", default: DefaultIs::Text("(set by the launcher)"), meaning: "A PMIx server serves this process (Open MPI, `srun --mpi=pmix`): see `HCCN_PMIX`." },
+    Variable { name: "PMIX_NAMESPACE", default: DefaultIs::Text("(set by the launcher)"), meaning: "PMIx: the job's namespace; also the job id from which Open MPI's port on one host is derived." },
+    Variable { name: "PMI_RANK", default: DefaultIs::Text("(set by the launcher)"), meaning: "MPICH's Hydra, Intel MPI, Cray PALS, `srun --mpi=pmi2`: this process's rank." },
+    Variable { name: "PMI_SIZE", default: DefaultIs::Text("(set by the launcher)"), meaning: "PMI: the number of ranks." },
+    Variable { name: "PMI_LOCAL_RANK", default: DefaultIs::Text("(set by the launcher)"), meaning: "PMI (Cray PALS): rank on this host." },
+    Variable { name: "PMI_LOCAL_SIZE", default: DefaultIs::Text("(set by the launcher)"), meaning: "PMI (Cray PALS): ranks on this host." },
+    Variable { name: "MPI_LOCALRANKID", default: DefaultIs::Text("(set by the launcher)"), meaning: "MPICH's Hydra: rank on this host." },
+    Variable { name: "MPI_LOCALNRANKS", default: DefaultIs::Text("(set by the launcher)"), meaning: "MPICH's Hydra: ranks on this host." },
+    Variable { name: "PMI_JOBID", default: DefaultIs::Text("(the launcher's process id)"), meaning: "PMI: the job id from which the port on one host is derived; Hydra sets none, and its ranks on a host share the proxy as parent process." },
+    Variable { name: "MS_ROLE", default: DefaultIs::Text("(set by msrun)"), meaning: "MindSpore msrun: `MS_WORKER` for a rank; msrun's scheduler process (`MS_SCHED`) is no rank (`hccn_ms` ends it at import: hccn forms the world)." },
+    Variable { name: "MS_WORKER_NUM", default: DefaultIs::Text("(set by msrun)"), meaning: "msrun: the number of ranks." },
+    Variable { name: "MS_NODE_ID", default: DefaultIs::Text("`RANK_ID`"), meaning: "msrun: this worker's rank (msrun on several nodes sets it only with `--node_rank`)." },
+    Variable { name: "MS_SCHED_HOST", default: DefaultIs::Text("(set by msrun)"), meaning: "msrun: the scheduler's host, where rank 0 hosts hccn's store." },
+    Variable { name: "MS_SCHED_PORT", default: DefaultIs::Text("(set by msrun)"), meaning: "msrun: the scheduler's port; hccn's store is 53 above." },
+    Variable { name: "RANK_ID", default: DefaultIs::Text("(set by hand or msrun)"), meaning: "The Ascend rank table's (and msrun's) rank of this process." },
+    Variable { name: "RANK_TABLE_FILE", default: DefaultIs::Text("(none)"), meaning: "The Ascend rank table (JSON, version 1.0 or 1.2): world size, each rank's server and `device_id` (the NPU of `HCCN_BACKEND=hccl`); rank 0 hosts the store on its server (loopback for a one-server table), port 20000 + (a hash of the table) mod 10000." },
+    Variable { name: "MINDSPORE_HCCL_CONFIG_PATH", default: DefaultIs::Text("(none)"), meaning: "MindSpore's older name of `RANK_TABLE_FILE`." },
     Variable { name: "HCCN_LIB", default: DefaultIs::Text("(in the package)"), meaning: "Path of a `libhccn.so` for the Python package `hccn` to load instead of its own `hccn/lib/libhccn.so.1` (read by bindings/python only)." },
 ];
 
@@ -263,18 +309,6 @@ impl BackendKind {
             BackendKind::Hccl => "hccl",
         }
     }
-}
-
-/// What `hccn_init_from_env` needs in addition to [`Config`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LaunchEnv {
-    pub rank: u32,
-    pub world_size: u32,
-    pub local_rank: u32,
-    pub local_world_size: u32,
-    pub store: StoreAddr,
-    pub job_id: String,
-    pub job_token: Vec<u8>,
 }
 
 impl Default for Config {
@@ -483,35 +517,6 @@ fn etcd_access(get: &impl Fn(&str) -> Option<String>) -> Result<EtcdAccess> {
     Ok(access)
 }
 
-impl LaunchEnv {
-    pub fn from_env() -> Result<Self> {
-        LaunchEnv::from_lookup(|k| std::env::var(k).ok())
-    }
-
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
-        let need = |name: &str| {
-            get(name).ok_or_else(|| Error::invalid(format!("{name} is not set (run under hccnrun, or set it)")))
-        };
-        let rank: u32 = parse("HCCN_RANK", &need("HCCN_RANK")?, "a rank")?;
-        let world_size: u32 = parse("HCCN_WORLD_SIZE", &need("HCCN_WORLD_SIZE")?, "a world size")?;
-        if world_size == 0 || rank >= world_size {
-            return Err(Error::invalid(format!("HCCN_RANK={rank} is not below HCCN_WORLD_SIZE={world_size}")));
-        }
-        let local_rank = match get("HCCN_LOCAL_RANK") {
-            Some(v) => parse("HCCN_LOCAL_RANK", &v, "a rank")?,
-            None => rank,
-        };
-        let local_world_size = match get("HCCN_LOCAL_WORLD_SIZE") {
-            Some(v) => parse("HCCN_LOCAL_WORLD_SIZE", &v, "a size")?,
-            None => world_size,
-        };
-        let store = StoreAddr::parse(&need("HCCN_STORE")?)?.with_etcd_access(etcd_access(&get)?);
-        let job_id = get("HCCN_JOB_ID").unwrap_or_else(|| "default".to_owned());
-        let job_token = get("HCCN_JOB_TOKEN").unwrap_or_default().into_bytes();
-        Ok(LaunchEnv { rank, world_size, local_rank, local_world_size, store, job_id, job_token })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -664,7 +669,7 @@ mod tests {
             ("HCCN_ETCD_PASSWORD", "p"),
         ]))
         .expect("valid env");
-        let StoreAddr::Etcd(cluster) = env.store else { panic!("an etcd store") };
+        let Meet::Store(crate::rendezvous::StoreAddr::Etcd(cluster)) = env.meet else { panic!("an etcd store") };
         assert_eq!(cluster.access.user.as_deref(), Some("u"));
     }
 

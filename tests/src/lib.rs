@@ -9,6 +9,7 @@ pub mod launch;
 pub mod matrix;
 pub mod netlab;
 pub mod scratch;
+pub mod slurm;
 pub mod threads;
 pub mod torch;
 

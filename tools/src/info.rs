@@ -1,24 +1,35 @@
-//! `hccnrun -n N hccn-info`: what the job runs on, printed by rank 0 — hosts and their ranks, the
-//! transport, latency and bandwidth of every link (measured now by ping-pong), and the algorithm
-//! the runtime picks per operation and size. Like `nvidia-smi topo -m` or `npu-smi info -t hccs`.
+//! `hccnrun -n N hccn-info` (or under srun, mpirun, torchrun ...): what the job runs on, printed
+//! by rank 0 — the launcher found and where the ranks met, hosts and their ranks, the transport,
+//! latency and bandwidth of every link (measured now by ping-pong), and the algorithm the runtime
+//! picks per operation and size. Like `nvidia-smi topo -m` or `npu-smi info -t hccs`. Run by hand,
+//! outside any launcher, it is a world of one.
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::time::Instant;
 
 use hccn_runtime::collectives::select;
-use hccn_runtime::{Communicator, DataType, Op, Ptr, ReadCost, ReduceOp};
+use hccn_runtime::{backend, new_unique_id, BackendComm, Communicator, Config, LaunchEnv};
+use hccn_runtime::{DataType, Op, Ptr, ReadCost, ReduceOp};
 
 type Res<T> = hccn_runtime::Result<T>;
 
-const USAGE: &str = "usage: hccnrun -n N hccn-info [--resources]
-  Rank 0 prints the hosts and their ranks, each link's transport, latency (half the median
-  round trip of 20 8-byte ping-pongs) and bandwidth (4 MiB ping-pong), the algorithm chosen
-  per operation and size, and every rank's resources: connections open, threads, shared memory
-  mapped, peak resident memory, heartbeat messages per second.
+const USAGE: &str = "usage: hccnrun -n N hccn-info [--resources | --launcher]
+       (or srun, mpirun, torchrun --no-python, msrun ...; alone: a world of one)
+  Rank 0 prints the launcher found and where the ranks met, the hosts and their ranks, each
+  link's transport, latency (half the median round trip of 20 8-byte ping-pongs) and bandwidth
+  (4 MiB ping-pong), the algorithm chosen per operation and size, and every rank's resources:
+  connections open, threads, shared memory mapped, peak resident memory, heartbeat messages per
+  second.
   --resources: only the resources (no link is measured: quick at any size).
+  --launcher: only what each process found: launcher, rank, size, local rank, node, where the
+              store is and why (joins nothing).
   --version: hccn-info's version.
 ";
+
+/// What `hccn-info` says where no launcher's variable is set.
+const ALONE: &str = "launcher: none found (run by hand): a world of one; under srun, mpirun, torchrun, msrun \
+                     or hccnrun the job's ranks meet (docs/launchers.md)";
 
 /// Bytes of a host name in the allgather (longer names are cut).
 const HOST_BYTES: usize = 64;
@@ -200,8 +211,49 @@ pub fn report(hosts: &[String], links: &[f64], plan: Planner<'_>, reads: Option<
     out
 }
 
+/// Joins the job its launcher describes, or makes a world of one where there is none; with
+/// what was found, for the report.
+fn join() -> Result<(Box<dyn BackendComm>, Vec<String>), String> {
+    let cfg = Config::from_env().map_err(|e| e.to_string())?;
+    hccn_runtime::log::init(&cfg);
+    hccn_recovery::install();
+    hccn_backend_hccl::install();
+    match LaunchEnv::detect_env().map_err(|e| e.to_string())? {
+        Some(env) => {
+            let comm = backend::init_from_env(&env, &cfg)
+                .map_err(|e| format!("rank {}: cannot join the job: {e}", env.rank))?;
+            Ok((comm, env.describe()))
+        }
+        None => {
+            let alone = new_unique_id(&cfg).and_then(|id| backend::init_rank(&id, 1, 0, &cfg));
+            Ok((alone.map_err(|e| format!("cannot make a world of one: {e}"))?, vec![ALONE.to_owned()]))
+        }
+    }
+}
+
+/// `--launcher`: this process's detection, one line per fact, prefixed with its rank.
+fn print_launcher() -> i32 {
+    let mut out = io::stdout().lock();
+    match LaunchEnv::detect_env() {
+        Ok(Some(env)) => {
+            for line in env.describe() {
+                let _ = writeln!(out, "[{}] {line}", env.rank);
+            }
+            0
+        }
+        Ok(None) => {
+            let _ = writeln!(out, "{ALONE}");
+            0
+        }
+        Err(e) => {
+            let _ = writeln!(io::stderr(), "hccn-info: {e}");
+            1
+        }
+    }
+}
+
 fn run(resources_only: bool) -> Result<(), String> {
-    let joined = crate::join_job()?;
+    let (joined, launcher) = join()?;
     // Hosts and links are the control plane's, on any backend.
     let comm = joined.control();
     let me = comm.rank();
@@ -213,6 +265,8 @@ fn run(resources_only: bool) -> Result<(), String> {
         let plan = |op: &str, bytes: usize| comm.plan(op, bytes).ok().flatten().map(|(algo, _)| algo);
         lines = report(&hosts, &links, &plan, hccn_runtime::read_cost());
     }
+    // What started the job and where its ranks met, after the topology.
+    lines.extend(launcher.iter().map(|l| format!("# {l}")));
     let usage = crate::resources::measure(comm).map_err(failed("resource count"))?;
     lines.extend(crate::resources::report(&usage));
     if me == 0 {
@@ -235,11 +289,14 @@ pub fn main() -> i32 {
     }
     let mut resources_only = false;
     for arg in std::env::args().skip(1) {
-        if arg != "--resources" {
-            let _ = writeln!(io::stderr(), "hccn-info: unexpected argument {arg:?}\n{USAGE}");
-            return 2;
+        match arg.as_str() {
+            "--resources" => resources_only = true,
+            "--launcher" => return print_launcher(),
+            _ => {
+                let _ = writeln!(io::stderr(), "hccn-info: unexpected argument {arg:?}\n{USAGE}");
+                return 2;
+            }
         }
-        resources_only = true;
     }
     match run(resources_only) {
         Ok(()) => 0,

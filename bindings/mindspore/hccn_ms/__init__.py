@@ -1,6 +1,6 @@
 """hccn as MindSpore's collective communication library on CPU.
 
-    import hccn_ms                                   # first, under hccnrun
+    import hccn_ms                                   # first, under hccnrun, msrun, srun, mpirun ...
     import mindspore as ms
     from mindspore.communication import init, get_rank, get_group_size
     from mindspore import ops
@@ -8,12 +8,14 @@
     init()                                           # MindSpore's own API, now over hccn
     y = ops.AllReduce()(ms.Tensor([1.0, 2.0]))       # ... and its own ops
 
-Importing this package under hccnrun joins the job (hccn_init_from_env) and makes MindSpore take
+Importing this package under a launcher (hccnrun, msrun, srun, mpirun, torchrun: whatever
+hccn_init_from_env finds, docs/launchers.md) joins the job and makes MindSpore take
 the route it takes under Open MPI: it loads libhccn_ms.so, whose soname is
 "libmpi_collective.so", so the dlopen of that name in MindSpore's CPU backend returns it, and
 MindSpore's `init()`, `create_group()`, communication ops (PyNative and graph mode) and the
-data-parallel gradient reducer run over hccn (details: bindings/mindspore/README.md). Not under
-hccnrun, it changes nothing.
+data-parallel gradient reducer run over hccn (details: bindings/mindspore/README.md). Under
+msrun the world is formed from msrun's variables, and msrun's scheduler process, which hccn does
+not need, exits at the import. Without a launcher it changes nothing.
 
 The same library also serves ops.Custom(func_type="aot") cells for what MindSpore's own CPU
 kernels refuse (they take float32/float16 sums only, and AllGather/Broadcast on the world group
@@ -26,6 +28,7 @@ order (program order in PyNative, data dependencies in a graph).
 import atexit
 import ctypes
 import os
+import sys
 
 __all__ = [
     "HccnError",
@@ -78,8 +81,18 @@ if _problem:
     raise ImportError(_problem.decode(errors="replace"))
 
 
+def _end_msrun_scheduler():
+    """msrun runs the script in a scheduler process too (MS_ROLE=MS_SCHED), which waits for its
+    workers to register; under hccn they form their world without it, so it ends here, at once
+    and successfully (msrun then waits for the workers alone)."""
+    if os.environ.get("MS_ROLE") == "MS_SCHED":
+        print("hccn_ms: msrun's scheduler process is not needed (hccn forms the world from msrun's "
+              "variables); it exits", file=sys.stderr, flush=True)
+        sys.exit(0)
+
+
 def _join():
-    """Joins the hccnrun job; False when not under hccnrun (its variables unset or invalid)."""
+    """Joins the launcher's job; False when no launcher is found (or its variables are invalid)."""
     global _not_joined
     code = _c.hccn_ms_join()
     if code == 0:
@@ -100,16 +113,14 @@ def _take_mpi_route():
     Open MPI route when OMPI_COMMAND and PMIX_RANK are set and MS_ROLE is not; it reads them when
     init() runs, so setting them here, before init(), is enough.
     """
-    for var in ("MS_ROLE", "MS_SCHED_HOST"):
-        if os.environ.get(var):
-            raise ImportError(
-                f"hccn_ms: {var} is set, so MindSpore would build its own cluster (msrun) and not use "
-                "hccn; launch with hccnrun alone"
-            )
+    # Under msrun hccn formed the world from these; MindSpore must not build its own cluster too.
+    for var in ("MS_ROLE", "MS_SCHED_HOST", "MS_SCHED_PORT", "MS_WORKER_NUM", "MS_NODE_ID"):
+        os.environ.pop(var, None)
     os.environ["OMPI_COMMAND"] = "hccnrun"
     os.environ["PMIX_RANK"] = str(_c.hccn_ms_rank())
 
 
+_end_msrun_scheduler()
 ROUTE_ACTIVE = _join()
 if ROUTE_ACTIVE:
     _take_mpi_route()
@@ -126,9 +137,12 @@ _REDUCE_OPS = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "averag
 
 
 def init():
-    """Checks that this process joined an hccnrun job (importing the package joins it)."""
+    """Checks that this process joined a launcher's job (importing the package joins it)."""
     if not ROUTE_ACTIVE:
-        raise HccnError(HCCN_ERROR_INVALID_ARGUMENT, f"not in an hccnrun job ({_not_joined}): launch with hccnrun")
+        raise HccnError(
+            HCCN_ERROR_INVALID_ARGUMENT,
+            f"not in a launcher's job ({_not_joined}): launch with hccnrun, msrun, srun or mpirun",
+        )
 
 
 def rank():

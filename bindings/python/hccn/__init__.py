@@ -752,7 +752,8 @@ _init_count = 0
 def init(rank=None, world_size=None, store=None, unique_id=None):
     """Joins the world communicator and returns it as a :class:`Group`.
 
-    - ``init()``: from the environment hccnrun sets (``hccn_init_from_env``).
+    - ``init()``: from the environment of the launcher that started the process
+      (``hccn_init_from_env``: hccnrun, srun, mpirun, torchrun, msrun ...; docs/launchers.md).
     - ``init(rank=, world_size=, unique_id=)``: with 128 bytes from :func:`get_unique_id`.
     - ``init(rank=, world_size=, store=)``: rank 0 makes the id and ``store.set``s it, the others
       ``store.get`` it. ``store`` is any object with those two methods (a

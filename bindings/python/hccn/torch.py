@@ -16,9 +16,10 @@ Rendezvous:
   store before any backend exists and hands it to the backend, which uses it for one thing only,
   as NCCL does: group rank 0 calls ``hccn_get_unique_id`` and publishes the 128 bytes under the
   group's prefix; the others read them and call ``hccn_comm_init_rank``.
-- **under hccnrun** (``HCCN_RANK``, ``HCCN_STORE``, ...): importing this module joins the world
-  (``hccn_init_from_env``); rank 0 opens a torch TCPStore on a free port of ``MASTER_ADDR``
-  (``127.0.0.1`` unless set) and tells the others the port over hccn; ``MASTER_ADDR``,
+- **under hccnrun, srun, mpirun or msrun** (no torchrun variables: whatever ``hccn_init_from_env``
+  finds, docs/launchers.md): importing this module joins the world; rank 0 opens a torch
+  TCPStore on a free port of ``MASTER_ADDR`` (``127.0.0.1`` unless set: set it to rank 0's host
+  when ranks span hosts) and tells the others the port over hccn; ``MASTER_ADDR``,
   ``MASTER_PORT``, ``RANK`` and ``WORLD_SIZE`` are exported so that ``init_process_group("hccn")``
   needs no arguments, and the default group uses that world communicator.
 

@@ -75,7 +75,8 @@ class HccnError(RuntimeError):
 
 
 def init(timeout_seconds=None):
-    """Joins the job that hccnrun started (hccn_init_from_env); later calls do nothing.
+    """Joins the job its launcher started (hccn_init_from_env: hccnrun, srun, mpirun, torchrun,
+    ...; docs/launchers.md); later calls do nothing.
 
     `timeout_seconds` (as in tf.distribute's CommunicationOptions) is how long a collective, and
     joining the job, may wait for the other ranks before failing with DeadlineExceededError;

@@ -226,9 +226,12 @@ pub fn get(cfg: &Config) -> Result<&'static dyn Backend> {
     }
 }
 
-/// Joins the job hccnrun describes, on the configured backend.
+/// Joins the job its launcher describes (config/launcher.rs), on the configured backend; the
+/// launcher's NPU for this rank (the rank table's) where `HCCN_DEVICE_ID` names none.
 pub fn init_from_env(env: &LaunchEnv, cfg: &Config) -> Result<Box<dyn BackendComm>> {
-    get(cfg)?.init_from_env(env, cfg)
+    let mut cfg = cfg.clone();
+    cfg.device_id = cfg.device_id.or(env.device_id);
+    get(&cfg)?.init_from_env(env, &cfg)
 }
 
 /// Joins the communicator `id` describes, on the configured backend.

@@ -9,12 +9,12 @@ use std::sync::{Arc, Mutex, Weak};
 
 use super::{derive_id, join, CommInner, Communicator, Origin};
 use crate::auth::random_bytes;
-use crate::config::{Config, LaunchEnv};
+use crate::config::{Config, LaunchEnv, Meet};
 use std::time::{Duration, Instant};
 
 use super::linkcost;
 use crate::error::{Error, ErrorKind, Result};
-use crate::rendezvous::bootstrap;
+use crate::rendezvous::{bootstrap, meet};
 use crate::rendezvous::{runs, Store, StoreAddr, StoreServer, TcpStore, UniqueId};
 
 /// Stores started by `new_unique_id` in this process. Each is held here until a communicator
@@ -152,26 +152,37 @@ impl Communicator {
         Communicator::bootstrap(&store, Arc::new(origin), rank, nranks)
     }
 
-    /// Joins the world described by the launcher's environment, in the job's current run (see
-    /// rendezvous/runs.rs): as a member of a world that forms, or as the replacement of a rank
-    /// of a live world that formed already.
+    /// Joins the world described by the launcher's environment (config/launcher.rs), meeting
+    /// where it says (rendezvous/meet.rs), in the job's current run (see rendezvous/runs.rs): as
+    /// a member of a world that forms, or as the replacement of a rank of a live world that
+    /// formed already.
     pub fn init_from_env(env: &LaunchEnv, cfg: &Config) -> Result<Communicator> {
         let _span =
             tracing::info_span!("init_from_env", rank = env.rank, size = env.world_size, job = %env.job_id).entered();
         // Each call in a process builds a new world; all ranks make the same calls in order.
         static WORLDS: AtomicU64 = AtomicU64::new(0);
         let nth = WORLDS.fetch_add(1, Ordering::SeqCst);
-        let store = env.store.connect(&env.job_token, cfg.timeout)?;
+        let met = meet::meet(env, cfg, nth)?;
+        tracing::info!(launcher = env.launcher.name(), via = met.via, store = %met.store, hosts = met.hosts, "meeting");
+        let mut cfg = cfg.clone();
+        if let Some(ip) = met.bind {
+            cfg.bind_addr = ip;
+        }
+        let cfg = &cfg;
+        let store = met.store.connect(&met.token, cfg.timeout)?;
         let store = store.as_ref();
         let job = runs::job_root(&env.job_id);
         let me = format!("w{nth}-r{}-{}", env.rank, hex(&random_bytes::<8>()?));
+        // A store rank 0 hosts lives as long as its communicators, like a unique id's.
+        let durable = matches!(env.meet, Meet::Store(_));
+        let kept = Arc::new(Mutex::new(met.keep));
         let origin = |prefix: String| Origin {
-            store: env.store.clone(),
-            durable: true,
-            token: env.job_token.clone(),
+            store: met.store.clone(),
+            durable,
+            token: met.token.clone(),
             prefix,
             cfg: cfg.clone(),
-            keep: Mutex::new(Vec::new()),
+            keep: Mutex::new(vec![Box::new(kept.clone())]),
         };
         let deadline = Instant::now() + cfg.timeout;
         loop {

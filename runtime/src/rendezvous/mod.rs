@@ -2,7 +2,9 @@
 //! and the unique id that carries a store's address and job token between processes.
 
 pub(crate) mod bootstrap;
+pub(crate) mod meet;
 pub(crate) mod ondemand;
+pub mod pmix;
 pub mod runs;
 mod tcp_store;
 mod unique_id;

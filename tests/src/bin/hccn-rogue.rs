@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hccn_runtime::auth::{self, Purpose};
+use hccn_runtime::config::Meet;
 use hccn_runtime::wire::{FrameHeader, FrameKind};
 use hccn_runtime::{Communicator, Config, LaunchEnv, ReduceOp, StoreAddr};
 
@@ -187,12 +188,12 @@ fn run() -> Result<bool, String> {
     hccn_runtime::log::init(&cfg);
     let me = env.rank;
     println!("PID {}", std::process::id());
-    let StoreAddr::Tcp(store_addr) = env.store else { return Err("needs the embedded store".into()) };
+    let Meet::Store(StoreAddr::Tcp(store_addr)) = env.meet else { return Err("needs hccnrun's store".into()) };
     let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(me);
     let mut all_refused = true;
 
     if me == 3 {
-        let store = env.store.connect(&env.job_token, cfg.timeout).map_err(|e| e.to_string())?;
+        let store = StoreAddr::Tcp(store_addr).connect(&env.job_token, cfg.timeout).map_err(|e| e.to_string())?;
         // The embedded store holds one run: generation 1.
         let world =
             hccn_runtime::rendezvous::runs::world_prefix(&hccn_runtime::rendezvous::runs::job_root(&env.job_id), 1, 0);
