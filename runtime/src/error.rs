@@ -148,6 +148,25 @@ impl Error {
         Error::new(ErrorKind::Timeout, message)
     }
 
+    /// An I/O error that says this process ran short (of descriptors, memory, socket buffers or
+    /// local ports), not that the peer it was reaching failed: `None` for any other error.
+    pub fn local_shortage(what: impl fmt::Display, e: &std::io::Error) -> Option<Self> {
+        let short = match e.raw_os_error()? {
+            libc::EMFILE => "this process is out of file descriptors (raise `ulimit -n`)",
+            libc::ENFILE => "the host is out of file descriptors",
+            libc::ENOMEM | libc::ENOBUFS => "this host is out of memory for sockets",
+            libc::EADDRNOTAVAIL => "this host is out of local ports",
+            _ => return None,
+        };
+        let kind = if e.raw_os_error() == Some(libc::ENOMEM) { ErrorKind::OutOfMemory } else { ErrorKind::System };
+        Some(Error::new(kind, format!("{what}: {e}: {short}; a shortage on this rank, not its peer's failure")))
+    }
+
+    /// Whether this error is [`Error::local_shortage`]'s.
+    pub fn is_local_shortage(&self) -> bool {
+        self.message().ends_with("a shortage on this rank, not its peer's failure")
+    }
+
     /// Maps an I/O error on a peer or store connection to the closest kind.
     pub fn io(kind_if_other: ErrorKind, what: impl fmt::Display, e: &std::io::Error) -> Self {
         use std::io::ErrorKind as Io;

@@ -1,5 +1,6 @@
 //! Misuse across a process's life, with real processes: a forked child and its parent's
-//! communicator (tests/src/bin/hccn-fork.rs).
+//! communicator (tests/src/bin/hccn-fork.rs), a full /dev/shm, group lists that differ, a store
+//! address that is no hccn store, a rank out of descriptors (hccn-shortage.rs).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -118,4 +119,20 @@ fn a_store_address_that_is_no_hccn_store_is_named_as_such_within_seconds() {
         let text = format!("{}{}", out.stdout, out.stderr);
         assert!(text.contains(needle) && text.contains("tcp://127.0.0.1:"), "{what}: {}", out.describe());
     }
+}
+
+#[test]
+fn a_rank_out_of_descriptors_fails_as_itself_and_blames_no_healthy_peer() {
+    // Every link beyond each rank's two neighbours and hypercube partners opens on its first
+    // message; rank 1 runs out of descriptors before its alltoall opens one.
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_hccn-shortage"));
+    let env = [("HCCN_FULL_MESH_UP_TO", "0"), ("HCCN_WATCHED_PEERS", "1"), ("HCCN_TIMEOUT_MS", "10000")];
+    let out = launch::hccnrun(8, &bin, &[], &env, Duration::from_secs(90));
+    let what = out.describe();
+    let short = out.stdout.lines().find(|l| l.starts_with("[1] FIRST")).unwrap_or_else(|| panic!("{what}"));
+    assert!(short.contains("out of file descriptors") && short.contains("not its peer's failure"), "{short}\n{what}");
+    assert!(!short.contains("code=100 "), "the shortage was reported as a failed peer: {short}\n{what}");
+    assert_eq!(out.stdout.matches("END failed=[]").count(), 8, "a healthy rank was held failed: {what}");
+    assert_eq!(out.stdout.matches("SECOND ok").count(), 8, "{what}");
+    assert_eq!(out.code, Some(0), "{what}");
 }

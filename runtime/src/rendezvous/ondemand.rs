@@ -18,7 +18,9 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use crate::sync::Locked;
 use std::time::{Duration, Instant};
 
 use super::bootstrap::{hear_hello, say_hello};
@@ -123,7 +125,8 @@ pub(crate) fn connector(
     let shared_memory = records.iter().map(|r| mine && r.shm && r.host == here).collect();
     let size = records.len() as u32;
     let (token, cfg, pending) = (token.into(), cfg.clone(), Default::default());
-    Ok(Some(Box::new(Dialer { me, size, mesh, token, addrs, shared_memory, listener, cfg, pending })))
+    let shortage = Mutex::new(None);
+    Ok(Some(Box::new(Dialer { me, size, mesh, token, addrs, shared_memory, listener, cfg, pending, shortage })))
 }
 
 /// Dials peers on demand at the addresses of the roster, and takes their connections at the
@@ -141,6 +144,27 @@ pub(crate) struct Dialer {
     pub cfg: Config,
     /// Handshakes of connections on demand in progress.
     pub pending: Arc<AtomicUsize>,
+    /// Until when accepting is paused, while it fails for want of resources.
+    shortage: Mutex<Option<Instant>>,
+}
+
+/// How long the listener is left alone after an accept failed for want of descriptors or
+/// memory: the connection stays queued (its dialer waits, as for a slow acceptor), rather than
+/// failing again at once in a loop.
+const SHORTAGE_PAUSE: Duration = Duration::from_millis(100);
+
+impl Dialer {
+    /// Pauses accepting after a failed accept; says so once per shortage.
+    fn short_of(&self, e: &std::io::Error) {
+        let mut shortage = self.shortage.locked();
+        if shortage.is_none() {
+            match Error::local_shortage("connections on demand: accept", e) {
+                Some(short) => tracing::warn!("{short}; trying again every {SHORTAGE_PAUSE:?}"),
+                None => tracing::warn!("connections on demand: accept: {e}; trying again every {SHORTAGE_PAUSE:?}"),
+            }
+        }
+        *shortage = Some(Instant::now() + SHORTAGE_PAUSE);
+    }
 }
 
 /// Handshakes of connections on demand in progress at once; connections beyond are closed
@@ -157,8 +181,9 @@ const ASK_AGAIN: Duration = Duration::from_millis(10);
 const ASK_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Connector for Dialer {
-    fn listener(&self) -> RawFd {
-        self.listener.as_raw_fd()
+    fn listener(&self) -> Option<RawFd> {
+        let paused = self.shortage.locked().is_some_and(|until| Instant::now() < until);
+        (!paused).then(|| self.listener.as_raw_fd())
     }
 
     fn accept(&self, on: &Arc<OnDemand>) {
@@ -166,8 +191,9 @@ impl Connector for Dialer {
             let (sock, from) = match self.listener.accept() {
                 Ok(c) => c,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
-                Err(e) => return tracing::warn!("connections on demand: {e}"),
+                Err(e) => return self.short_of(&e),
             };
+            *self.shortage.locked() = None;
             if self.pending.load(Ordering::SeqCst) >= MAX_PENDING {
                 tracing::warn!(%from, "closed a connection on demand unread: {MAX_PENDING} handshakes in progress");
                 continue;
@@ -201,7 +227,11 @@ impl Connector for Dialer {
                 Ok(s) => s,
                 Err(e) if gone(&e) => return Ok(Dialed::Gone),
                 Err(e) => {
-                    return Err(Error::io(ErrorKind::Connect, format!("connect to world rank {peer} at {addr}"), &e))
+                    let what = format!("connect to world rank {peer} at {addr}");
+                    if let Some(short) = Error::local_shortage(&what, &e) {
+                        return Err(short);
+                    }
+                    return Err(Error::io(ErrorKind::Connect, format!("connect to world rank {peer} at {addr}"), &e));
                 }
             };
             let asked = self.ask(&mut sock, peer, given_up);

@@ -178,7 +178,7 @@ impl Watch<'_> {
             if !w.pending.is_empty() {
                 nap = RETRY;
             }
-            let listener = self.on_demand.map(|on| on.listener());
+            let listener = self.on_demand.and_then(|on| on.listener());
             let fds: smallvec::SmallVec<[std::os::fd::RawFd; 3]> =
                 [Some(self.waker.fd()), self.pulse.map(Pulse::fd), listener].into_iter().flatten().collect();
             wait_readable(&fds, nap);

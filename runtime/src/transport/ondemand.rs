@@ -47,8 +47,9 @@ pub(crate) trait Connector: Send + Sync {
     /// Dials world rank `peer`, until `given_up` says so (the peer is known lost meanwhile: a
     /// frozen one accepts connections in its kernel but never answers).
     fn dial(&self, peer: u32, given_up: &dyn Fn() -> bool) -> Result<Dialed>;
-    /// The listening socket, readable when a peer dials.
-    fn listener(&self) -> RawFd;
+    /// The listening socket, readable when a peer dials; `None` while accepting is paused (this
+    /// process ran short of descriptors or memory).
+    fn listener(&self) -> Option<RawFd>;
     /// Takes the connections waiting at the listener without blocking, each handshaken on a
     /// thread of its own that ends with [`OnDemand::admit`]. The world's watchdog calls it when
     /// the listener is readable: no thread waits for connections that may never come.
@@ -104,7 +105,7 @@ impl OnDemand {
     }
 
     /// The listening socket (see [`Connector::listener`]).
-    pub fn listener(&self) -> RawFd {
+    pub fn listener(&self) -> Option<RawFd> {
         self.connector.listener()
     }
 
@@ -186,6 +187,10 @@ impl OnDemand {
                 // Given up because news said the peer was lost: that is the reason.
                 if let Some(reason) = self.inbox.lost_anywhere(peer) {
                     return Err(lost(peer, &reason));
+                }
+                // This rank's own want: the peer is not to blame (a shrink would evict it).
+                if e.is_local_shortage() {
+                    return Err(e);
                 }
                 let why = format!("could not connect: {}", e.message());
                 self.inbox.mark_failed(peer, super::Fault::cut(why.clone()));
