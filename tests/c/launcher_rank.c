@@ -14,6 +14,7 @@
  *   churn N        N cycles of: the last rank SIGKILLs itself after an allreduce, the others
  *                  rebuild, admitting its replacement; rank 0 prints "EPOCH e" at each epoch
  */
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -164,6 +165,19 @@ static int rebuild(void)
     return ok == 0 ? 0 : 1;
 }
 
+/* Entries of a /proc/self directory: descriptors held (fd), threads (task). */
+static int entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    if (!d)
+        return -1;
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n - 2; /* less "." and ".."; fd counts the directory's own descriptor too */
+}
+
 static int churn(uint64_t cycles)
 {
     hccn_comm *c = join();
@@ -173,7 +187,8 @@ static int churn(uint64_t cycles)
         hccn_comm_epoch(c, &epoch);
         if (reduce(c, n) == 0) {
             if (me == 0)
-                printf("EPOCH %llu\n", (unsigned long long)epoch);
+                printf("EPOCH %llu FDS %d THREADS %d\n", (unsigned long long)epoch, entries("/proc/self/fd"),
+                       entries("/proc/self/task"));
             if (epoch >= cycles) {
                 hccn_comm_destroy(c);
                 return 0;

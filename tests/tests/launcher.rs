@@ -299,10 +299,16 @@ fn rss_kib(pid: u32) -> u64 {
     field.and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap_or(0)
 }
 
+/// The epoch of rank 0's line `[0] EPOCH e FDS f THREADS t`.
+fn epoch_of(line: &str) -> Option<u64> {
+    line.strip_prefix("[0] EPOCH ")?.split_whitespace().next()?.parse().ok()
+}
+
 #[test]
 fn hccnrun_stays_small_over_hundreds_of_elastic_rebuilds() {
     // Each cycle: a rank dies, hccnrun starts its replacement, the survivors rebuild. hccnrun
-    // used to keep 17 KB per cycle (the stacks of the ended ranks' output threads).
+    // used to keep 17 KB per cycle (the stacks of the ended ranks' output threads), and the
+    // survivors a socket per cycle (the dead replacement's link).
     // Measured at the 100th and the 380th rebuild, while the job still runs (it ends at 400).
     let (first, last, cycles) = (100u64, 380u64, 400u64);
     let program = rank_program().to_string_lossy().into_owned();
@@ -313,9 +319,7 @@ fn hccnrun_stays_small_over_hundreds_of_elastic_rebuilds() {
     let mut rss = Vec::new();
     let out = launch::run_watching(cmd, TIMEOUT, |p| {
         // Rank 0 prints most epochs (an allreduce that the dying rank cuts short prints nothing).
-        let reached = |epoch: u64| {
-            move |l: &str| l.strip_prefix("[0] EPOCH ").and_then(|e| e.parse::<u64>().ok()).is_some_and(|e| e >= epoch)
-        };
+        let reached = |epoch: u64| move |l: &str| epoch_of(l).is_some_and(|e| e >= epoch);
         for epoch in [first, last] {
             let _ = p.wait_line(TIMEOUT, reached(epoch));
             // The only hccnrun of this test binary whose ranks churn.
@@ -331,4 +335,15 @@ fn hccnrun_stays_small_over_hundreds_of_elastic_rebuilds() {
         rss[0], rss[1]
     );
     assert!(per_cycle < 4.0, "hccnrun grows {per_cycle:.2} KiB per rebuild ({rss:?} KiB)");
+    // A survivor's descriptors and threads: each cycle admitted a replacement that later died,
+    // and its link used to stay open (a socket per rebuild).
+    let at = |epoch: u64, what: &str| -> u64 {
+        let line = out.stdout.lines().find(|l| epoch_of(l).is_some_and(|e| e >= epoch));
+        let field = line.and_then(|l| l.split_whitespace().skip_while(|w| *w != what).nth(1));
+        field.and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no {what} at epoch {epoch}: {}", out.describe()))
+    };
+    let (fds, threads) = ((at(first, "FDS"), at(last, "FDS")), (at(first, "THREADS"), at(last, "THREADS")));
+    eprintln!("rank 0: descriptors {fds:?}, threads {threads:?} after {first} and {last} rebuilds");
+    assert!(fds.1 <= fds.0 + 2, "rank 0 holds more descriptors per rebuild: {fds:?}");
+    assert!(threads.1 <= threads.0 + 2, "rank 0 runs more threads per rebuild: {threads:?}");
 }

@@ -15,13 +15,15 @@ fn workload() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_hccn-netfault"))
 }
 
-/// Every rank's lines, as (rank, line without the prefix), from every host.
+/// Every rank's lines, as (rank at launch, line without the label), from every host. The
+/// workload names its launch rank in each line: hccnrun's label follows the rank's current
+/// number (and says `[left]` once it is left out).
 fn lines(outs: &[Outcome]) -> Vec<(u32, String)> {
     outs.iter()
         .flat_map(|o| o.stdout.lines())
         .filter_map(|l| {
-            let rest = l.strip_prefix('[')?;
-            let (r, line) = rest.split_once("] ")?;
+            let (_, line) = l.strip_prefix('[')?.split_once("] ")?;
+            let (line, r) = line.rsplit_once(" launch_rank=")?;
             Some((r.parse().ok()?, line.to_owned()))
         })
         .collect()

@@ -76,6 +76,8 @@ impl Communicator {
         let list: Vec<u8> = failed.iter().flat_map(|r| r.to_le_bytes()).collect();
         let id = derive_id(&[&c.id.to_le_bytes(), b"shrink", &epoch.to_le_bytes(), &list]);
         let members = survivors.iter().map(|&r| c.members[r as usize]).collect();
+        let gone: Vec<u32> = failed.iter().filter_map(|&r| c.members.get(r as usize).copied()).collect();
+        c.net.retire(&gone);
         tracing::info!(old_rank = c.rank, new_rank = rank, epoch, ?failed, "communicator shrunk");
         let inner = CommInner::new(c.net.clone(), id, epoch, rank as u32, members, c.setup());
         Ok(match c.origin.clone() {

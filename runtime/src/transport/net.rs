@@ -60,6 +60,11 @@ impl LinkTable {
         self.read().len()
     }
 
+    /// Takes the link to world rank `rank` out of the table.
+    fn take(&self, rank: u32) -> Option<Peer> {
+        self.peers.write_locked().get_mut(rank as usize).and_then(Option::take)
+    }
+
     /// Adds the peer that `make` builds for the next world rank, and returns that rank.
     fn add(&self, make: impl FnOnce(u32) -> Result<Peer>) -> Result<u32> {
         let mut peers = self.peers.write_locked();
@@ -179,7 +184,24 @@ impl Net {
         match (self.links.peer(rank), &self.on_demand) {
             (Some(p), _) => Ok(p),
             (None, Some(d)) => d.connect(rank),
-            (None, None) => Err(Error::internal(format!("no link to world rank {rank}"))),
+            (None, None) => Err(match self.inbox.lost_anywhere(rank) {
+                Some(reason) => Error::rank_failed(vec![rank], format!("world rank {rank} failed earlier: {reason}")),
+                None => Error::internal(format!("no link to world rank {rank}")),
+            }),
+        }
+    }
+
+    /// Closes and forgets the links to those of `ranks` (world ranks a shrink or rebuild has
+    /// just excluded) that are known failed. The world outlives its communicators: one that
+    /// admits a replacement per failure would otherwise keep a socket per departed rank for as
+    /// long as it runs. A rank excluded but not known failed keeps its link (it may still be
+    /// told why it was left out).
+    pub fn retire(&self, ranks: &[u32]) {
+        let failed = self.inbox.failed();
+        for &r in ranks.iter().filter(|r| failed.contains_key(r)) {
+            if let Some(p) = self.links.take(r) {
+                p.link.close(None);
+            }
         }
     }
 

@@ -27,6 +27,17 @@ const LARGE: usize = 1 << 18;
 static EXIT: AtomicBool = AtomicBool::new(false);
 static MISMATCH: AtomicBool = AtomicBool::new(false);
 
+/// This process's rank when the job started: hccnrun relabels a rank's lines when a shrink
+/// renumbers it (and `[left]` once it is left out), so every line names it.
+static LAUNCH_RANK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+
+/// Prints a line ending in ` launch_rank=R`.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        println!("{} launch_rank={}", format_args!($($arg)*), LAUNCH_RANK.get().copied().unwrap_or(u32::MAX))
+    };
+}
+
 extern "C" fn on_signal(sig: libc::c_int) {
     match sig {
         libc::SIGUSR1 => EXIT.store(true, Ordering::SeqCst),
@@ -44,7 +55,7 @@ fn step(c: &CComm, stop: bool, wrong: &mut u64) -> Result<bool, (u32, String)> {
         return Ok(true);
     }
     if EXIT.load(Ordering::SeqCst) {
-        println!("EXIT at={}", now_ms());
+        say!("EXIT at={}", now_ms());
         // exit() runs no destructors: the communicator is never destroyed.
         std::process::exit(0);
     }
@@ -72,6 +83,7 @@ fn shrink(c: &CComm) -> Result<CComm, (u32, String)> {
 fn main() -> ExitCode {
     let seconds: u64 = std::env::args().nth(1).and_then(|v| v.parse().ok()).unwrap_or(10);
     let Ok(mut comm) = hccn_tests::capi::start_worker() else { return ExitCode::from(2) };
+    let _ = LAUNCH_RANK.set(comm.rank());
     let end = Instant::now() + Duration::from_secs(seconds);
     let (mut ops, mut wrong) = (0u64, 0u64);
     // SAFETY: the handler only stores to atomics.
@@ -79,26 +91,26 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGUSR1, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGUSR2, on_signal as *const () as libc::sighandler_t);
     }
-    println!("START at={} pid={}", now_ms(), std::process::id());
+    say!("START at={} pid={}", now_ms(), std::process::id());
     loop {
         match step(&comm, Instant::now() >= end, &mut wrong) {
             Ok(true) => break,
             Ok(false) => ops += 1,
             Err((code, msg)) => {
-                println!("ERROR at={} code={code} failed={:?} msg={msg}", now_ms(), comm.failed_ranks());
+                say!("ERROR at={} code={code} failed={:?} msg={msg}", now_ms(), comm.failed_ranks());
                 // Shrink until the survivors agree, or this rank is left out.
                 comm = loop {
                     match shrink(&comm) {
                         Ok(s) => {
-                            println!("SHRUNK at={} size={} epoch={}", now_ms(), s.size(), s.epoch());
+                            say!("SHRUNK at={} size={} epoch={}", now_ms(), s.size(), s.epoch());
                             break s;
                         }
                         Err((code @ 106, msg)) => {
-                            println!("OUT at={} code={code} msg={msg}", now_ms());
+                            say!("OUT at={} code={code} msg={msg}", now_ms());
                             return ExitCode::SUCCESS;
                         }
                         Err((code, msg)) => {
-                            println!("SHRINK_ERROR at={} code={code} msg={msg}", now_ms());
+                            say!("SHRINK_ERROR at={} code={code} msg={msg}", now_ms());
                             if Instant::now() >= end + Duration::from_secs(20) {
                                 return ExitCode::FAILURE;
                             }
@@ -109,6 +121,6 @@ fn main() -> ExitCode {
             }
         }
     }
-    println!("DONE size={} epoch={} ops={ops} wrong={wrong}", comm.size(), comm.epoch());
+    say!("DONE size={} epoch={} ops={ops} wrong={wrong}", comm.size(), comm.epoch());
     ExitCode::SUCCESS
 }
