@@ -144,6 +144,33 @@ fn a_rank_that_never_joins_is_a_timeout_not_a_hang() {
     assert!((600..2500).contains(&ms), "timeout after {ms} ms with HCCN_TIMEOUT_MS=700");
 }
 
+/// Words of the runtime's insides that a person reading an error has no use for.
+const INSIDE_WORDS: [&str; 3] = ["board", "slot", "turn"];
+
+#[test]
+fn a_rank_late_into_a_small_allreduce_is_named_plainly_by_every_waiting_rank() {
+    // Past the deadline: every waiting rank's error names rank 2, in words for people.
+    let out = launch::hccnrun(4, &faults(), &["late", "3000"], &[("HCCN_TIMEOUT_MS", "1500")], Duration::from_secs(60));
+    let late: Vec<&str> = out.stdout.lines().filter(|l| l.contains(" LATE ")).collect();
+    assert_eq!(late.len(), 3, "{}", out.describe());
+    for l in &late {
+        assert!(l.contains("code=9 ") && l.contains("rank 2 has not joined this call"), "{l}\n{}", out.describe());
+        let lower = l.to_lowercase();
+        assert!(!INSIDE_WORDS.iter().any(|w| lower.contains(w)), "runtime words in: {l}");
+    }
+    // Before the deadline: one warning per waiting rank names rank 2 at half of it, and the call
+    // succeeds once rank 2 comes.
+    let out = launch::hccnrun(4, &faults(), &["late", "5000"], &[("HCCN_TIMEOUT_MS", "8000")], Duration::from_secs(60));
+    assert_eq!(out.stdout.matches(" LATE code=0 ").count(), 3, "{}", out.describe());
+    let warnings: Vec<&str> = out.stderr.lines().filter(|l| l.contains("has waited")).collect();
+    assert_eq!(warnings.len(), 3, "{}", out.describe());
+    for w in &warnings {
+        assert!(w.contains("rank 2 has not joined this call"), "{w}");
+        let lower = w.to_lowercase();
+        assert!(!INSIDE_WORDS.iter().any(|x| lower.contains(x)), "runtime words in: {w}");
+    }
+}
+
 /// The survivors' lines of a `leave` run: (code, failed ranks, milliseconds of the call).
 fn left_lines(out: &launch::Outcome, n: u32) -> Vec<(u128, String, u128)> {
     (0..n - 1)

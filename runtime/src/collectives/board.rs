@@ -136,7 +136,7 @@ impl BoardCell {
             // Turn 0 was submitted before this one, on this rank: it runs or is queued.
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(Error::timeout("the communicator's first board call never ran (HCCN_TIMEOUT_MS)"));
+                return Err(Error::timeout("the communicator's first small collective never ran (HCCN_TIMEOUT_MS)"));
             }
             s = self.decided.wait_locked_for(s, left);
         }
@@ -263,18 +263,31 @@ fn on_board(
         return Err(Error::internal("a board call without a board"));
     };
     // Taken at the first stall: most calls never stall, and need no clock.
-    let mut deadline = None;
+    let mut since = None;
+    let mut warned = false;
     let mut quick = || ctx.health_error().map_or(Ok(()), Err);
-    let mut stalled = || {
+    let mut stalled = |late: &dyn Fn() -> String| {
         ctx.net().keep_moving();
         if let Some(e) = ctx.message_for_board_turn() {
             return Err(e);
         }
-        if Instant::now() >= *deadline.get_or_insert_with(|| Instant::now() + ctx.timeout()) {
+        let waited = since.get_or_insert_with(Instant::now).elapsed();
+        if waited >= ctx.timeout() {
             return Err(Error::timeout(format!(
-                "a small collective waited {} ms for the other ranks on this host (HCCN_TIMEOUT_MS)",
+                "{}; waited {} ms for it (HCCN_TIMEOUT_MS)",
+                late(),
                 ctx.timeout().as_millis()
             )));
+        }
+        if !warned && waited >= late_warning_after(ctx.timeout()) {
+            warned = true;
+            tracing::warn!(
+                "call {} on this communicator has waited {} ms: {}; it fails at {} ms (HCCN_TIMEOUT_MS)",
+                ctx.seq(),
+                waited.as_millis(),
+                late(),
+                ctx.timeout().as_millis()
+            );
         }
         Ok(())
     };
@@ -288,6 +301,12 @@ fn on_board(
     };
     board.post(turn, bytes, fp, &mut watch)?;
     board.read(turn, fp, &mut watch, len_of, |rank, post| each(rank, post, out))
+}
+
+/// How long a board call waits for a late rank before it warns, naming it: half the deadline,
+/// at most 10 s (README, HCCN_TIMEOUT_MS).
+fn late_warning_after(timeout: std::time::Duration) -> std::time::Duration {
+    (timeout / 2).min(std::time::Duration::from_secs(10))
 }
 
 /// Folds `range` of every post in rank order into the output (the same bits on every rank).

@@ -34,6 +34,11 @@ pub(crate) struct Ctx<'a> {
 }
 
 impl<'a> Ctx<'a> {
+    /// The call's sequence number on its communicator (its collectives, or one pair's p2p).
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
     pub fn new(comm: &'a Team, kind: FrameKind, seq: u64) -> Self {
         Ctx { comm, kind, seq, chunk: comm.chunk_bytes, turn: None, fp: &NO_CALL }
     }

@@ -74,15 +74,25 @@ unsafe impl Send for Board {}
 unsafe impl Sync for Board {}
 
 /// What a waiter does while it waits: `quick` after each look (cheap health checks), `stalled`
-/// before each sleep (keep other traffic moving, the deadline), `left` with which ranks are
-/// waited for (whether one of them left: then it will never post). Each ends the wait with an
-/// error.
+/// before each sleep (keep other traffic moving, warn of late ranks, the deadline; given who
+/// is waited for, in words for people), `left` with which ranks are waited for (whether one of
+/// them left: then it will never post). Each ends the wait with an error.
 pub(crate) struct Watch<'a> {
     pub quick: &'a mut dyn FnMut() -> Result<()>,
-    pub stalled: &'a mut dyn FnMut() -> Result<()>,
+    pub stalled: &'a mut dyn FnMut(&dyn Fn() -> String) -> Result<()>,
     pub left: &'a LeftAmong<'a>,
     /// The error for a post of `rank` whose call differs (its fingerprint).
     pub differs: &'a dyn Fn(u32, &Fingerprint) -> Error,
+}
+
+/// Why a read waits for `rank`, in words for people: it has not made the call of `turn` yet;
+/// `last` is the turn of its latest small collective on this communicator.
+fn not_joined(rank: u32, turn: u64, last: Option<u64>) -> String {
+    let last = match last {
+        None => "it has made no small collective on this communicator yet".to_owned(),
+        Some(t) => format!("it is {} small collective(s) behind", turn.saturating_sub(t)),
+    };
+    format!("rank {rank} has not joined this call ({last}; alive as far as this rank knows: busy in its own code, or in another call)")
 }
 
 /// Given which ranks a wait waits for, the error when one of them left.
@@ -153,6 +163,10 @@ impl Board {
             word.store(cpu, Ordering::Relaxed);
         }
     }
+    /// The turn of `rank`'s latest post, if any (its slots' sequence words are turn + 1).
+    fn last_posted(&self, rank: u32) -> Option<u64> {
+        (0..TURNS).map(|t| self.seq(rank, t).load(Ordering::Relaxed)).max().and_then(|s| s.checked_sub(1))
+    }
     fn slot(&self, rank: u32, turn: u64) -> usize {
         LINE + self.n as usize * LINE + (rank as usize * TURNS as usize + (turn % TURNS) as usize) * SLOT
     }
@@ -186,6 +200,7 @@ impl Board {
         ready: &dyn Fn() -> bool,
         needs_core: &dyn Fn(u32) -> bool,
         waited: &dyn Fn(u32) -> bool,
+        late: &dyn Fn() -> String,
         watch: &mut Watch<'_>,
     ) -> Result<()> {
         if ready() {
@@ -231,7 +246,7 @@ impl Board {
                 }
             }
             if slept {
-                (watch.stalled)()?;
+                (watch.stalled)(late)?;
                 let seen = self.futex().load(Ordering::SeqCst);
                 self.sleepers().fetch_add(1, Ordering::SeqCst);
                 if !ready() {
@@ -284,14 +299,14 @@ impl Board {
         let all_folded = || (0..self.n).all(|r| self.has_folded(r, turn, before));
         let free = || self.seq(me, turn).load(Ordering::Acquire) == before && (before == 0 || all_folded());
         let behind = |r: u32| self.folded(r, turn).load(Ordering::Relaxed) < before;
-        self.wait_until(&free, &|_| true, &behind, watch).map_err(|e| {
-            let seq = self.seq(me, turn).load(Ordering::Relaxed);
+        // This rank is TURNS small collectives ahead of the ranks that have not finished the
+        // one that used this memory before.
+        let late = || {
             let behind: Vec<u32> =
-                (0..self.n).filter(|&r| self.folded(r, turn).load(Ordering::Relaxed) != before).collect();
-            e.context(format!(
-                "board turn {turn}: this rank's slot still holds turn {seq} - 1, not yet folded by ranks {behind:?}"
-            ))
-        })?;
+                (0..self.n).filter(|&r| self.folded(r, turn).load(Ordering::Relaxed) < before).collect();
+            format!("ranks {behind:?} have not finished the small collective made {TURNS} calls before this one")
+        };
+        self.wait_until(&free, &|_| true, &behind, &late, watch)?;
         // SAFETY: the slot is ours: every rank has read its previous turn and none reads it
         // again before the sequence word below says so; the payload fits (checked above), and
         // the fingerprint has its own bytes in the sequence word's line.
@@ -363,10 +378,8 @@ impl Board {
                 })
             };
             let waited = |r: u32| r == rank;
-            self.wait_until(&|| seq.load(Ordering::Acquire) == turn + 1, &needs_core, &waited, watch).map_err(|e| {
-                let held = seq.load(Ordering::Relaxed);
-                e.context(format!("board turn {turn}: rank {rank} has not posted (its slot holds turn {held} - 1)"))
-            })?;
+            let late = || not_joined(rank, turn, self.last_posted(rank));
+            self.wait_until(&|| seq.load(Ordering::Acquire) == turn + 1, &needs_core, &waited, &late, watch)?;
             let mut theirs = [0u8; Fingerprint::BYTES];
             // SAFETY: the writer published this slot for `turn` (Acquire above) and does not
             // touch it again until this rank says that it read the turn.

@@ -190,6 +190,33 @@ fn deadline(c: &CComm) -> ExitCode {
     }
 }
 
+/// After three small allreduces, rank 2 stays in its own code for `late_ms` before the next
+/// one, which the others are already in: each waiting rank prints `LATE code=<c> in_ms=<t> msg=<m>` (the error, or 0 when
+/// rank 2 came before the deadline).
+fn late(c: &CComm, late_ms: u64) -> ExitCode {
+    let send = [1.0f32; 8];
+    let mut recv = [0.0f32; 8];
+    // A few calls first, as in a training loop (the first small collective also sets up the
+    // shared memory that the later ones use).
+    for _ in 0..3 {
+        if allreduce(c, &send, &mut recv).is_err() {
+            return ExitCode::FAILURE;
+        }
+    }
+    if c.rank() == 2 {
+        std::thread::sleep(Duration::from_millis(late_ms));
+    }
+    let t = std::time::Instant::now();
+    let r = allreduce(c, &send, &mut recv);
+    let (code, msg) = r.err().unwrap_or((0, String::new()));
+    if c.rank() != 2 {
+        println!("LATE code={code} in_ms={} msg={msg}", t.elapsed().as_millis());
+    }
+    // Nobody leaves before the others have their answer (a departure would be news of its own).
+    std::thread::sleep(Duration::from_millis(500));
+    ExitCode::SUCCESS
+}
+
 /// Exact allreduces on `c`: rank r contributes (j % 5) + r, so element j is n*(j%5) + n(n-1)/2.
 fn verified_allreduces(c: &CComm, rounds: usize) -> Result<(), String> {
     let (me, n) = (c.rank(), c.size());
@@ -648,6 +675,7 @@ fn main() -> ExitCode {
         "kill-huge-every-kind" => kill(&comm, 2 << 20, true),
         "intruder" => intruder(&comm),
         "deadline" => deadline(&comm),
+        "late" => late(&comm, std::env::args().nth(2).and_then(|v| v.parse().ok()).unwrap_or(3000)),
         "leave" => leave(comm, &std::env::args().nth(2).unwrap_or_default()),
         "shrink" => {
             // Victims: a comma-separated list of ranks that die at the same moment.
