@@ -136,3 +136,30 @@ fn a_rank_out_of_descriptors_fails_as_itself_and_blames_no_healthy_peer() {
     assert_eq!(out.stdout.matches("SECOND ok").count(), 8, "{what}");
     assert_eq!(out.code, Some(0), "{what}");
 }
+
+#[test]
+fn ranks_started_with_different_world_sizes_are_told_both_sizes_at_once() {
+    // hccnrun starts 3 ranks; a wrapper tells one of them the world has 2 (rank 1: among those
+    // rank 0 gathers; rank 0 itself: the others are outside its world).
+    let info = launch::bin("hccn-info");
+    for odd in ["1", "0"] {
+        let script = format!(
+            "if [ \"$HCCN_RANK\" = {odd} ]; then export HCCN_WORLD_SIZE=2; fi; exec {} --resources",
+            info.display()
+        );
+        let mut cmd = std::process::Command::new(launch::bin("hccnrun"));
+        cmd.args(["-n", "3", "sh", "-c", &script]).env("HCCN_TIMEOUT_MS", "20000");
+        let t = std::time::Instant::now();
+        let out = launch::run(cmd, Duration::from_secs(60));
+        let secs = t.elapsed().as_secs_f64();
+        let what = format!("rank {odd} told 2: {}", out.describe());
+        assert_ne!(out.code, Some(0), "{what}");
+        let told = out.stderr.lines().filter(|l| l.contains("world sizes differ")).count()
+            + out.stdout.lines().filter(|l| l.contains("world sizes differ")).count();
+        let all = format!("{}{}", out.stdout, out.stderr);
+        let both = |a: &str, b: &str| all.contains(&format!("a world of {a} ranks, rank 1 with {b}"));
+        assert!(told >= 2 && (both("3", "2") || both("2", "3")), "{what}");
+        // Well before the 20 s deadline that used to be the only answer.
+        assert!(secs < 10.0, "took {secs:.1} s: {what}");
+    }
+}

@@ -269,7 +269,7 @@ pub(crate) fn connect_mesh(
     let listener = TcpListener::bind((cfg.bind_addr, 0))
         .map_err(|e| Error::io(ErrorKind::System, format!("listen on {}", cfg.bind_addr), &e))?;
     let addr = listener.local_addr().map_err(|e| Error::io(ErrorKind::System, "listen address", &e))?;
-    let mine = Record::mine(addr, cfg);
+    let mine = Record::mine(addr, size, cfg);
     store.set(&addr_key(prefix, rank), mine.encode().as_bytes())?;
     let w = Meeting { rank, size, store, prefix, mesh, token, cfg };
     let (records, sockets) = w.meet(&listener, &mine)?;
@@ -389,7 +389,14 @@ fn parse_record(raw: &[u8], rank: u32) -> Result<Record> {
 fn gather_roster(store: &dyn Store, prefix: &str, size: u32, mine: &Record, cfg: &Config) -> Result<Vec<Record>> {
     let mut roster = vec![mine.clone()];
     for peer in 1..size {
-        roster.push(own_record(store, prefix, (peer, size), cfg)?);
+        let record = own_record(store, prefix, (peer, size), cfg)?;
+        if record.size != size {
+            let e = sizes_differ(0, size, peer, record.size);
+            // In the roster's place: the others read it at once instead of waiting for one.
+            let _ = store.set(&roster_key(prefix), format!("{SIZES_DIFFER}{}", e.message()).as_bytes());
+            return Err(e);
+        }
+        roster.push(record);
     }
     let text: Vec<String> = roster.iter().map(Record::encode).collect();
     store.set(&roster_key(prefix), text.join("\n").as_bytes())?;
@@ -414,7 +421,16 @@ fn read_roster(
         Err(e) => return Err(e),
     };
     let text = String::from_utf8_lossy(&raw);
+    if let Some(why) = text.strip_prefix(SIZES_DIFFER) {
+        return Err(Error::invalid(why.to_owned()));
+    }
     let roster: Vec<Option<Record>> = text.split('\n').map(Record::parse).collect();
+    // Rank 0's own record comes first: a world of another size is not this rank's to wait for.
+    if let Some(Some(first)) = roster.first().filter(|_| roster.len() != size as usize) {
+        if first.size != size && first.size as usize == roster.len() {
+            return Err(sizes_differ(rank, size, 0, first.size));
+        }
+    }
     let roster = match roster.len() == size as usize && roster[rank as usize].as_ref() == Some(mine) {
         true => roster,
         false => vec![None; size as usize],
@@ -444,6 +460,19 @@ fn own_record(store: &dyn Store, prefix: &str, (peer, size): (u32, u32), cfg: &C
             ok => return ok,
         }
     }
+}
+
+/// What rank 0 publishes instead of the roster when a rank's world size differs from its own.
+const SIZES_DIFFER: &str = "sizes differ: ";
+
+/// The error of ranks started with different world sizes: `rank` (this one) with `size`,
+/// `other` with `other_size`.
+fn sizes_differ(rank: u32, size: u32, other: u32, other_size: u32) -> Error {
+    Error::invalid(format!(
+        "world sizes differ: rank {rank} was started with a world of {size} ranks, rank {other} with \
+         {other_size}; start every rank with the same world size (hccnrun -n, WORLD_SIZE, HCCN_WORLD_SIZE, \
+         the launcher's task count)"
+    ))
 }
 
 /// The error of a world that did not meet in time: which ranks never published their address

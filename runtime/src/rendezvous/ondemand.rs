@@ -43,11 +43,15 @@ pub(crate) struct Record {
     pub shm: bool,
     pub watched: u32,
     pub full_mesh_up_to: u32,
+    /// The world size this rank was started with: ranks started with different sizes are
+    /// told so when they meet, instead of waiting for ranks that will never come.
+    pub size: u32,
 }
 
 impl Record {
-    pub fn mine(addr: SocketAddr, cfg: &Config) -> Record {
+    pub fn mine(addr: SocketAddr, size: u32, cfg: &Config) -> Record {
         Record {
+            size,
             addr,
             incarnation: crate::transport::incarnation(),
             host: crate::transport::shm::host_id(),
@@ -60,7 +64,8 @@ impl Record {
     pub fn encode(&self) -> String {
         let host: String = self.host.iter().map(|b| format!("{b:02x}")).collect();
         let shm = u8::from(self.shm);
-        format!("{} {:x} {host} {shm} {} {}", self.addr, self.incarnation, self.watched, self.full_mesh_up_to)
+        let (w, m, n) = (self.watched, self.full_mesh_up_to, self.size);
+        format!("{} {:x} {host} {shm} {w} {m} {n}", self.addr, self.incarnation)
     }
 
     pub fn parse(text: &str) -> Option<Record> {
@@ -82,7 +87,8 @@ impl Record {
         };
         let watched = f.next()?.parse().ok()?;
         let full_mesh_up_to = f.next()?.parse().ok()?;
-        f.next().is_none().then_some(Record { addr, incarnation, host, shm, watched, full_mesh_up_to })
+        let size = f.next()?.parse().ok()?;
+        f.next().is_none().then_some(Record { addr, incarnation, host, shm, watched, full_mesh_up_to, size })
     }
 }
 
@@ -352,7 +358,15 @@ mod tests {
 
     fn record(port: u16, host: u8, shm: bool) -> Record {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        Record { addr, incarnation: u64::from(port) << 20, host: [host; 32], shm, watched: 2, full_mesh_up_to: 16 }
+        Record {
+            addr,
+            incarnation: u64::from(port) << 20,
+            host: [host; 32],
+            shm,
+            watched: 2,
+            full_mesh_up_to: 16,
+            size: 4,
+        }
     }
 
     #[test]
