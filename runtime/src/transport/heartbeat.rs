@@ -7,6 +7,10 @@
 //! A link is alive while bytes arrive on it or its pulses do (pulse.rs): a slow link or a short
 //! cut is slow, not dead.
 //!
+//! A silent peer on this host is judged by the kernel's word first (kernel_liveness.rs): a
+//! stopped process is frozen and a vanished one dead, both at once; one the kernel says is
+//! running is given more patience than time alone would.
+//!
 //! A rank watches only its `k` (HCCN_WATCHED_PEERS) nearest live ranks on each side in the ring of
 //! world ranks: it heartbeats and pulses those and takes only their silence for a failure. The
 //! load per rank is then constant at any size; a crash still shows on every link of the dead
@@ -22,9 +26,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::kernel_liveness::{self, Process, Timing, Verdict};
 use super::pulse::Pulse;
 use super::waker::{wait_readable, Waker};
-use super::{news, Fault, Inbox, LinkTable, OnDemand};
+use super::{news, shm::Shm, Fault, Inbox, Link, LinkTable, OnDemand};
 use crate::wire::{FrameHeader, FrameKind};
 
 /// A thread per world of processes; stops (promptly) when dropped.
@@ -44,7 +49,7 @@ impl Watchdog {
         peers: Arc<LinkTable>,
         inbox: Arc<Inbox>,
         pulse: Option<Arc<Pulse>>,
-        on_demand: Option<Arc<OnDemand>>,
+        (on_demand, shm): (Option<Arc<OnDemand>>, Arc<Shm>),
         (every, dead_after, watched): (Duration, Duration, usize),
     ) -> Option<Self> {
         let waker = Waker::new().map_err(|e| tracing::error!("no watchdog (eventfd: {e})")).ok().map(Arc::new)?;
@@ -58,6 +63,7 @@ impl Watchdog {
                     inbox: &inbox2,
                     pulse: pulse.as_deref(),
                     on_demand: on_demand.as_ref(),
+                    shm: &shm,
                     waker: &waker2,
                     me,
                     watched,
@@ -91,6 +97,8 @@ struct Watch<'a> {
     pulse: Option<&'a Pulse>,
     /// In a world that connects on demand: this thread also takes the peers' connections.
     on_demand: Option<&'a Arc<OnDemand>>,
+    /// The shared-memory links, which know the processes of the peers on this host.
+    shm: &'a Shm,
     waker: &'a Waker,
     /// This process's world rank (names its trace file).
     me: u32,
@@ -254,6 +262,7 @@ impl Watch<'_> {
     /// peer was found up to a beat late.
     fn judge(&self, w: &mut Watching, every: Duration, dead_after: Duration) -> Duration {
         let failed = self.inbox.failed();
+        let timing = Timing::new(every, dead_after);
         let mut next = every;
         for (rank, link) in self.peers.all() {
             if !w.watching.contains(&rank) || w.declared.contains(&rank) || failed.contains_key(&rank) {
@@ -264,9 +273,21 @@ impl Watch<'_> {
             let heard = pulse.map_or(link.silent_for(), |p| p.min(link.silent_for()));
             let silent = heard.min(w.since.watched_for(rank));
             self.note_slow(&mut w.slow, rank, link.silent_for(), pulse, every, dead_after);
+            let (verdict, process, ask_in) = self.ask_kernel(&mut w.asked, rank, silent, &timing);
+            next = next.min(ask_in.saturating_add(Duration::from_millis(1)));
+            if let Some(why) = process.and_then(|p| kernel_liveness::cause(verdict, p, silent)) {
+                let fault = if verdict == Verdict::Gone { Fault::sure(why) } else { Fault::cut(why) };
+                self.declare(w, rank, link.as_ref(), fault);
+                continue;
+            }
             // A peer not heard from yet may still be finishing its set-up (hundreds of ranks
-            // on a few cores finish it far apart): four times the patience.
-            let patience = if link.heard_yet() { dead_after } else { 4 * dead_after };
+            // on a few cores finish it far apart): four times the patience. One the kernel
+            // says is running is alive, however starved: more still.
+            let patience = match verdict {
+                Verdict::Alive => timing.alive_patience(),
+                _ if link.heard_yet() => dead_after,
+                _ => 4 * dead_after,
+            };
             let allowed = patience + w.lateness.allowance(std::time::Instant::now());
             if silent <= allowed {
                 next = next.min(allowed - silent + Duration::from_millis(1));
@@ -277,16 +298,52 @@ impl Watch<'_> {
             if link.has_unread() {
                 continue;
             }
-            w.declared.insert(rank);
-            let why = format!("silent for {} ms: frozen, hung or cut off (HCCN_DEAD_AFTER_MS)", silent.as_millis());
-            let evict = news::encode_reason(&why);
-            link.control(&header(FrameKind::Evict, evict.len()), &evict);
-            self.inbox.mark_failed(rank, Fault::cut(why));
-            link.close(None);
+            let why = match verdict {
+                Verdict::Alive => format!("silent for {} ms although its process is running: hung", silent.as_millis()),
+                _ => format!("silent for {} ms: frozen, hung or cut off (HCCN_DEAD_AFTER_MS)", silent.as_millis()),
+            };
+            self.declare(w, rank, link.as_ref(), Fault::cut(why));
         }
         next
     }
+
+    /// Declares `rank` failed: tells it so (`Evict`), should it wake and read, then closes.
+    fn declare(&self, w: &mut Watching, rank: u32, link: &dyn Link, fault: Fault) {
+        w.declared.insert(rank);
+        w.asked.remove(&rank);
+        let evict = news::encode_reason(&fault.reason);
+        link.control(&header(FrameKind::Evict, evict.len()), &evict);
+        self.inbox.mark_failed(rank, fault);
+        link.close(None);
+    }
+
+    /// The kernel's word on peer `rank`, silent for `silent`, when it runs on this host and
+    /// this rank sees its process; /proc is read only for a peer silent a while, at most once
+    /// per `probe_every`. Returns the verdict, the process, and how soon to ask again.
+    fn ask_kernel(
+        &self,
+        asked: &mut Asked,
+        rank: u32,
+        silent: Duration,
+        t: &Timing,
+    ) -> (Verdict, Option<Process>, Duration) {
+        let Some(process) = self.shm.process(rank) else { return (Verdict::NoEvidence, None, Duration::MAX) };
+        if silent < t.probe_after {
+            asked.remove(&rank);
+            return (Verdict::NotAsked, Some(process), t.probe_after - silent);
+        }
+        let now = std::time::Instant::now();
+        let (at, verdict) = match asked.get(&rank) {
+            Some(&(at, v)) if now.duration_since(at) < t.probe_every => (at, v),
+            _ => (now, kernel_liveness::verdict(process.look(), silent, t)),
+        };
+        asked.insert(rank, (at, verdict));
+        (verdict, Some(process), t.probe_every.saturating_sub(now.duration_since(at)))
+    }
 }
+
+/// When the kernel was last asked about each silent peer, and what it said.
+type Asked = std::collections::HashMap<u32, (std::time::Instant, Verdict)>;
 
 /// What the watchdog keeps between wake-ups.
 #[derive(Default)]
@@ -301,6 +358,8 @@ struct Watching {
     pending: Vec<(u32, FrameHeader, Vec<u8>)>,
     lateness: super::starved::Lateness,
     since: WatchedSince,
+    /// The kernel's word on silent peers of this host.
+    asked: Asked,
 }
 
 /// When this rank began to watch each peer it watches. A peer it begins to watch (a neighbour

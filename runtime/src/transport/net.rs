@@ -152,7 +152,7 @@ impl Net {
             links.clone(),
             inbox.clone(),
             pulse.clone(),
-            on_demand.clone(),
+            (on_demand.clone(), shm.clone()),
             (cfg.heartbeat, cfg.dead_after, cfg.watched_peers),
         );
         let mut hosts = vec![None; n.max(rank as usize + 1)];
