@@ -9,7 +9,10 @@
 //!
 //! A silent peer on this host is judged by the kernel's word first (kernel_liveness.rs): a
 //! stopped process is frozen and a vanished one dead, both at once; one the kernel says is
-//! running is given more patience than time alone would.
+//! running is given more patience than time alone would. A silent peer on another host whose
+//! host still delivers bytes (on any link, or pulses) is not cut off but queued behind a
+//! congested path: any byte is life, and only a whole host's silence is judged by time; the
+//! peers on its host, which see its process, say if it froze.
 //!
 //! A rank watches only its `k` (HCCN_WATCHED_PEERS) nearest live ranks on each side in the ring of
 //! world ranks: it heartbeats and pulses those and takes only their silence for a failure. The
@@ -28,8 +31,9 @@ use std::time::Duration;
 
 use super::kernel_liveness::{self, Process, Timing, Verdict};
 use super::pulse::Pulse;
+use super::shm::{HostId, Shm};
 use super::waker::{wait_readable, Waker};
-use super::{news, shm::Shm, Fault, Inbox, Link, LinkTable, OnDemand};
+use super::{news, Fault, Inbox, Link, LinkTable, OnDemand};
 use crate::wire::{FrameHeader, FrameKind};
 
 /// A thread per world of processes; stops (promptly) when dropped.
@@ -49,7 +53,7 @@ impl Watchdog {
         peers: Arc<LinkTable>,
         inbox: Arc<Inbox>,
         pulse: Option<Arc<Pulse>>,
-        (on_demand, shm): (Option<Arc<OnDemand>>, Arc<Shm>),
+        (on_demand, shm, hosts): (Option<Arc<OnDemand>>, Arc<Shm>, Vec<Option<HostId>>),
         (every, dead_after, watched): (Duration, Duration, usize),
     ) -> Option<Self> {
         let waker = Waker::new().map_err(|e| tracing::error!("no watchdog (eventfd: {e})")).ok().map(Arc::new)?;
@@ -64,6 +68,7 @@ impl Watchdog {
                     pulse: pulse.as_deref(),
                     on_demand: on_demand.as_ref(),
                     shm: &shm,
+                    hosts: &hosts,
                     waker: &waker2,
                     me,
                     watched,
@@ -99,6 +104,8 @@ struct Watch<'a> {
     on_demand: Option<&'a Arc<OnDemand>>,
     /// The shared-memory links, which know the processes of the peers on this host.
     shm: &'a Shm,
+    /// Each world rank's host, where known (this rank's too).
+    hosts: &'a [Option<HostId>],
     waker: &'a Waker,
     /// This process's world rank (names its trace file).
     me: u32,
@@ -264,14 +271,20 @@ impl Watch<'_> {
         let failed = self.inbox.failed();
         let timing = Timing::new(every, dead_after);
         let mut next = every;
-        for (rank, link) in self.peers.all() {
+        let all = self.peers.all();
+        // The kernel is asked about watched links only: the others carry no heartbeats.
+        let kernel_in = &mut w.kernel_in;
+        let heard: Vec<Duration> = all
+            .iter()
+            .map(|(r, l)| self.heard(w.watching.contains(r).then_some(&mut *kernel_in), *r, l.as_ref(), every))
+            .collect();
+        let hosts_heard = self.hosts_heard(&all, &heard);
+        for ((rank, link), heard) in all.into_iter().zip(heard) {
             if !w.watching.contains(&rank) || w.declared.contains(&rank) || failed.contains_key(&rank) {
                 continue;
             }
-            // The link or its pulses: whichever was heard last.
-            let pulse = self.pulse.and_then(|p| p.silent_for(rank));
-            let heard = pulse.map_or(link.silent_for(), |p| p.min(link.silent_for()));
             let silent = heard.min(w.since.watched_for(rank));
+            let pulse = self.pulse.and_then(|p| p.silent_for(rank));
             self.note_slow(&mut w.slow, rank, link.silent_for(), pulse, every, dead_after);
             let (verdict, process, ask_in) = self.ask_kernel(&mut w.asked, rank, silent, &timing);
             next = next.min(ask_in.saturating_add(Duration::from_millis(1)));
@@ -280,14 +293,8 @@ impl Watch<'_> {
                 self.declare(w, rank, link.as_ref(), fault);
                 continue;
             }
-            // A peer not heard from yet may still be finishing its set-up (hundreds of ranks
-            // on a few cores finish it far apart): four times the patience. One the kernel
-            // says is running is alive, however starved: more still.
-            let patience = match verdict {
-                Verdict::Alive => timing.alive_patience(),
-                _ if link.heard_yet() => dead_after,
-                _ => 4 * dead_after,
-            };
+            let host_heard = self.host(rank).and_then(|h| hosts_heard.get(&h)).is_some_and(|s| *s < dead_after);
+            let patience = patience(verdict, link.heard_yet(), host_heard, &timing);
             let allowed = patience + w.lateness.allowance(std::time::Instant::now());
             if silent <= allowed {
                 next = next.min(allowed - silent + Duration::from_millis(1));
@@ -298,13 +305,47 @@ impl Watch<'_> {
             if link.has_unread() {
                 continue;
             }
-            let why = match verdict {
-                Verdict::Alive => format!("silent for {} ms although its process is running: hung", silent.as_millis()),
+            let why = match (verdict, host_heard) {
+                (Verdict::Alive, _) => {
+                    format!("silent for {} ms although its process is running: hung", silent.as_millis())
+                }
+                (_, true) => {
+                    format!("silent for {} ms while its host's other ranks are heard: hung", silent.as_millis())
+                }
                 _ => format!("silent for {} ms: frozen, hung or cut off (HCCN_DEAD_AFTER_MS)", silent.as_millis()),
             };
             self.declare(w, rank, link.as_ref(), Fault::cut(why));
         }
         next
+    }
+
+    /// How long ago peer `rank` was heard: on its link (bytes read, or segments the kernel
+    /// received) or by its pulses, whichever was last.
+    fn heard(&self, kernel_in: Option<&mut KernelIn>, rank: u32, link: &dyn Link, every: Duration) -> Duration {
+        let pulse = self.pulse.and_then(|p| p.silent_for(rank));
+        let heard = pulse.map_or(link.silent_for(), |p| p.min(link.silent_for()));
+        kernel_in.map_or(heard, |k| heard.min(k.heard(rank, link, heard, every)))
+    }
+
+    /// The host of peer `rank` when it is another than this rank's.
+    fn host(&self, rank: u32) -> Option<HostId> {
+        let mine = self.hosts.get(self.me as usize).copied().flatten();
+        self.hosts.get(rank as usize).copied().flatten().filter(|h| Some(*h) != mine)
+    }
+
+    /// How long ago each other host was heard (`heard`: each of `all`'s), by any of its ranks.
+    fn hosts_heard(
+        &self,
+        all: &[(u32, Arc<dyn Link>)],
+        heard: &[Duration],
+    ) -> std::collections::HashMap<HostId, Duration> {
+        let mut out = std::collections::HashMap::new();
+        for ((rank, _), &s) in all.iter().zip(heard) {
+            if let Some(h) = self.host(*rank) {
+                out.entry(h).and_modify(|d: &mut Duration| *d = (*d).min(s)).or_insert(s);
+            }
+        }
+        out
     }
 
     /// Declares `rank` failed: tells it so (`Evict`), should it wake and read, then closes.
@@ -342,6 +383,20 @@ impl Watch<'_> {
     }
 }
 
+/// How long a watched peer may be silent. One not heard from yet may still be finishing its
+/// set-up (hundreds of ranks on a few cores finish it far apart): four times `dead_after`. One
+/// the kernel says is running is alive, however starved: four times too. One on a host still
+/// heard (`host_heard`) is behind a congested path, not cut off, and its host's ranks watch
+/// its process: eight times, a backstop only. Otherwise `dead_after`.
+fn patience(verdict: Verdict, heard_yet: bool, host_heard: bool, t: &Timing) -> Duration {
+    match verdict {
+        Verdict::Alive => t.alive_patience(),
+        _ if host_heard => 8 * t.dead_after,
+        _ if heard_yet => t.dead_after,
+        _ => 4 * t.dead_after,
+    }
+}
+
 /// When the kernel was last asked about each silent peer, and what it said.
 type Asked = std::collections::HashMap<u32, (std::time::Instant, Verdict)>;
 
@@ -360,6 +415,33 @@ struct Watching {
     since: WatchedSince,
     /// The kernel's word on silent peers of this host.
     asked: Asked,
+    /// Segments received on silent links.
+    kernel_in: KernelIn,
+}
+
+/// What the kernel received on links silent a while: segments of the peer's bytes that reached
+/// this host are life even when none can be read yet. A deep queue (a congested path) that drops
+/// one segment holds those behind it out of order until the resent one crosses the queue again,
+/// for seconds; the bytes still arrive all along.
+#[derive(Default)]
+struct KernelIn(std::collections::HashMap<u32, (u32, Option<std::time::Instant>)>);
+
+impl KernelIn {
+    /// How long ago the kernel last received a segment from `rank`, as far as this watchdog
+    /// saw it change (a link silent less than two beats is not asked); `silent` if it did not.
+    fn heard(&mut self, rank: u32, link: &dyn Link, silent: Duration, every: Duration) -> Duration {
+        if silent < 2 * every {
+            self.0.remove(&rank);
+            return silent;
+        }
+        let Some(segs) = link.segments_in() else { return silent };
+        let now = std::time::Instant::now();
+        let seen = self.0.entry(rank).or_insert((segs, None));
+        if seen.0 != segs {
+            *seen = (segs, Some(now));
+        }
+        seen.1.map_or(silent, |at| now.duration_since(at))
+    }
 }
 
 /// When this rank began to watch each peer it watches. A peer it begins to watch (a neighbour
@@ -390,6 +472,24 @@ mod tests {
         let mut v: Vec<u32> = s.into_iter().collect();
         v.sort_unstable();
         v
+    }
+
+    #[test]
+    fn silence_is_judged_by_time_only_when_nothing_else_speaks_for_the_peer() {
+        let t = Timing::new(Duration::from_millis(100), Duration::from_millis(800));
+        let ms = |v: u64| Duration::from_millis(v);
+        let cases = [
+            // (kernel verdict, heard yet, its host heard, patience ms)
+            (Verdict::NoEvidence, true, false, 800),
+            (Verdict::NotAsked, true, false, 800),
+            (Verdict::NoEvidence, false, false, 3200),
+            (Verdict::Alive, true, false, 3200),
+            (Verdict::NoEvidence, true, true, 6400),
+            (Verdict::Alive, true, true, 3200),
+        ];
+        for (v, heard_yet, host_heard, want) in cases {
+            assert_eq!(patience(v, heard_yet, host_heard, &t), ms(want), "{v:?} heard {heard_yet} host {host_heard}");
+        }
     }
 
     #[test]
