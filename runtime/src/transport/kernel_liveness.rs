@@ -2,8 +2,9 @@
 //! stopped (SIGSTOP, a debugger) is frozen and a pid that is gone is dead, both known at once;
 //! a peer the kernel says is running or sleeping is alive, however starved, and is given more
 //! patience than a peer nobody vouches for. The watchdog asks only about peers already silent
-//! for a while (`Timing::probe_after`), at most once per `probe_every`: a few reads of
-//! /proc/PID/stat per second at worst, none while heartbeats arrive.
+//! for a while (`Timing::probe_after`, half a heartbeat interval), at most once per
+//! `probe_every`: with the defaults up to two reads of /proc/PID/stat per local peer per
+//! 100 ms beat, in the second half of each interval.
 //!
 //! A pid means this process only if the peer shares our pid namespace and the pid was not
 //! reused: each side says its pid and start time at the shared-memory handshake, and a pid
