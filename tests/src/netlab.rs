@@ -134,13 +134,19 @@ impl Lab {
         }
     }
 
-    /// Limits what host `host` sends to `rate` (e.g. "4mbit"), queueing up to `latency`.
+    /// Limits what host `host` sends to `rate` (e.g. "4mbit"), queueing up to 400 ms.
     pub fn slow(&self, host: usize, rate: &str) {
+        self.slow_queued(host, rate, "32kbit", "400ms");
+    }
+
+    /// Limits what host `host` sends to `rate` with a token bucket of `burst` (e.g. "64kb"),
+    /// queueing up to `latency` (e.g. "2s": the deep buffers of a congested real network).
+    pub fn slow_queued(&self, host: usize, rate: &str, burst: &str, latency: &str) {
         let dev = self.dev(host);
         must(
             &["ip", "netns", "exec", &self.hosts[host], "tc", "qdisc", "replace", "dev", &dev, "root", "tbf"]
                 .into_iter()
-                .chain(["rate", rate, "burst", "32kbit", "latency", "400ms"])
+                .chain(["rate", rate, "burst", burst, "latency", latency])
                 .collect::<Vec<_>>(),
         );
     }

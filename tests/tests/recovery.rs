@@ -100,7 +100,7 @@ fn a_frozen_rank_is_declared_failed_within_about_a_second() {
     frozen_rank_is_declared_failed(2, &["freeze", "huge"]);
 }
 
-/// The last of `n` ranks freezes (SIGSTOP): the others must name it failed within about a
+/// The last of `n` ranks freezes (SIGSTOP): the others must name it failed well within a
 /// second and shrink to a working communicator.
 fn frozen_rank_is_declared_failed(n: u32, args: &[&str]) {
     let out = launch::hccnrun(n, &faults(), args, &[], Duration::from_secs(120));
@@ -120,9 +120,9 @@ fn frozen_rank_is_declared_failed(n: u32, args: &[&str]) {
         let line = out.stdout.lines().find(|l| l.starts_with(&format!("[{r}] ERROR_AT"))).unwrap_or_default();
         assert!(line.contains(&format!("code=100 failed=[{victim}]")), "{args:?} rank {r}: {line}");
         let after = at(r, "ERROR_AT").saturating_sub(frozen_at);
-        // Silence counts from the last frame heard, up to one heartbeat (100 ms) before the freeze;
-        // HCCN_DEAD_AFTER_MS is 800. The upper bound leaves slack for a loaded machine.
-        assert!((600..2500).contains(&after), "{args:?} rank {r} declared the frozen rank failed after {after} ms");
+        // On one host the kernel says the rank is stopped once it has been silent 50 ms (see
+        // liveness.rs for the tight bound); the bound leaves slack for a loaded machine.
+        assert!(after < 2500, "{args:?} rank {r} declared the frozen rank failed after {after} ms");
         let shrunk = format!("[{r}] SHRUNK size={victim} epoch=1 result=Ok(())");
         assert!(out.stdout.contains(&shrunk), "{}", out.describe());
     }

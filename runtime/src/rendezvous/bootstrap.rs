@@ -282,9 +282,7 @@ pub(crate) fn connect_mesh(
     }
     let connector = ondemand::connector(rank, mesh, token, &records, listener, cfg)?;
     let pulse = crate::transport::pulse::Pulse::open(cfg.bind_addr, token);
-    let mut net = Net::new(rank, links, inbox, pulse, shm, cfg, connector);
-    net.hosts = hosts;
-    Ok(net)
+    Ok(Net::new(rank, links, inbox, pulse, (shm, hosts), cfg, connector))
 }
 
 /// One rank's part in forming a world (see [`connect_mesh`]).

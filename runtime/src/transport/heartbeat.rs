@@ -7,6 +7,13 @@
 //! A link is alive while bytes arrive on it or its pulses do (pulse.rs): a slow link or a short
 //! cut is slow, not dead.
 //!
+//! A silent peer on this host is judged by the kernel's word first (kernel_liveness.rs): a
+//! stopped process is frozen and a vanished one dead, both at once; one the kernel says is
+//! running is given more patience than time alone would. A silent peer on another host whose
+//! host still delivers bytes (on any link, or pulses) is not cut off but queued behind a
+//! congested path: any byte is life, and only a whole host's silence is judged by time; the
+//! peers on its host, which see its process, say if it froze.
+//!
 //! A rank watches only its `k` (HCCN_WATCHED_PEERS) nearest live ranks on each side in the ring of
 //! world ranks: it heartbeats and pulses those and takes only their silence for a failure. The
 //! load per rank is then constant at any size; a crash still shows on every link of the dead
@@ -22,9 +29,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::kernel_liveness::{self, Process, Timing, Verdict};
 use super::pulse::Pulse;
+use super::shm::{HostId, Shm};
 use super::waker::{wait_readable, Waker};
-use super::{news, Fault, Inbox, LinkTable, OnDemand};
+use super::{news, Fault, Inbox, Link, LinkTable, OnDemand};
 use crate::wire::{FrameHeader, FrameKind};
 
 /// A thread per world of processes; stops (promptly) when dropped.
@@ -44,7 +53,7 @@ impl Watchdog {
         peers: Arc<LinkTable>,
         inbox: Arc<Inbox>,
         pulse: Option<Arc<Pulse>>,
-        on_demand: Option<Arc<OnDemand>>,
+        (on_demand, shm, hosts): (Option<Arc<OnDemand>>, Arc<Shm>, Vec<Option<HostId>>),
         (every, dead_after, watched): (Duration, Duration, usize),
     ) -> Option<Self> {
         let waker = Waker::new().map_err(|e| tracing::error!("no watchdog (eventfd: {e})")).ok().map(Arc::new)?;
@@ -58,6 +67,8 @@ impl Watchdog {
                     inbox: &inbox2,
                     pulse: pulse.as_deref(),
                     on_demand: on_demand.as_ref(),
+                    shm: &shm,
+                    hosts: &hosts,
                     waker: &waker2,
                     me,
                     watched,
@@ -91,6 +102,10 @@ struct Watch<'a> {
     pulse: Option<&'a Pulse>,
     /// In a world that connects on demand: this thread also takes the peers' connections.
     on_demand: Option<&'a Arc<OnDemand>>,
+    /// The shared-memory links, which know the processes of the peers on this host.
+    shm: &'a Shm,
+    /// Each world rank's host, where known (this rank's too).
+    hosts: &'a [Option<HostId>],
     waker: &'a Waker,
     /// This process's world rank (names its trace file).
     me: u32,
@@ -254,19 +269,32 @@ impl Watch<'_> {
     /// peer was found up to a beat late.
     fn judge(&self, w: &mut Watching, every: Duration, dead_after: Duration) -> Duration {
         let failed = self.inbox.failed();
+        let timing = Timing::new(every, dead_after);
         let mut next = every;
-        for (rank, link) in self.peers.all() {
+        let all = self.peers.all();
+        // The kernel is asked about watched links only: the others carry no heartbeats.
+        let kernel_in = &mut w.kernel_in;
+        let heard: Vec<Duration> = all
+            .iter()
+            .map(|(r, l)| self.heard(w.watching.contains(r).then_some(&mut *kernel_in), *r, l.as_ref(), every))
+            .collect();
+        let hosts_heard = self.hosts_heard(&all, &heard);
+        for ((rank, link), heard) in all.into_iter().zip(heard) {
             if !w.watching.contains(&rank) || w.declared.contains(&rank) || failed.contains_key(&rank) {
                 continue;
             }
-            // The link or its pulses: whichever was heard last.
-            let pulse = self.pulse.and_then(|p| p.silent_for(rank));
-            let heard = pulse.map_or(link.silent_for(), |p| p.min(link.silent_for()));
             let silent = heard.min(w.since.watched_for(rank));
+            let pulse = self.pulse.and_then(|p| p.silent_for(rank));
             self.note_slow(&mut w.slow, rank, link.silent_for(), pulse, every, dead_after);
-            // A peer not heard from yet may still be finishing its set-up (hundreds of ranks
-            // on a few cores finish it far apart): four times the patience.
-            let patience = if link.heard_yet() { dead_after } else { 4 * dead_after };
+            let (verdict, process, ask_in) = self.ask_kernel(&mut w.asked, rank, silent, &timing);
+            next = next.min(ask_in.saturating_add(Duration::from_millis(1)));
+            if let Some(why) = process.and_then(|p| kernel_liveness::cause(verdict, p, silent)) {
+                let fault = if verdict == Verdict::Gone { Fault::sure(why) } else { Fault::cut(why) };
+                self.declare(w, rank, link.as_ref(), fault);
+                continue;
+            }
+            let host_heard = self.host(rank).and_then(|h| hosts_heard.get(&h)).is_some_and(|s| *s < dead_after);
+            let patience = patience(verdict, link.heard_yet(), host_heard, &timing);
             let allowed = patience + w.lateness.allowance(std::time::Instant::now());
             if silent <= allowed {
                 next = next.min(allowed - silent + Duration::from_millis(1));
@@ -277,16 +305,100 @@ impl Watch<'_> {
             if link.has_unread() {
                 continue;
             }
-            w.declared.insert(rank);
-            let why = format!("silent for {} ms: frozen, hung or cut off (HCCN_DEAD_AFTER_MS)", silent.as_millis());
-            let evict = news::encode_reason(&why);
-            link.control(&header(FrameKind::Evict, evict.len()), &evict);
-            self.inbox.mark_failed(rank, Fault::cut(why));
-            link.close(None);
+            let why = match (verdict, host_heard) {
+                (Verdict::Alive, _) => {
+                    format!("silent for {} ms although its process is running: hung", silent.as_millis())
+                }
+                (_, true) => {
+                    format!("silent for {} ms while its host's other ranks are heard: hung", silent.as_millis())
+                }
+                _ => format!("silent for {} ms: frozen, hung or cut off (HCCN_DEAD_AFTER_MS)", silent.as_millis()),
+            };
+            self.declare(w, rank, link.as_ref(), Fault::cut(why));
         }
         next
     }
+
+    /// How long ago peer `rank` was heard: on its link (bytes read, or segments the kernel
+    /// received) or by its pulses, whichever was last.
+    fn heard(&self, kernel_in: Option<&mut KernelIn>, rank: u32, link: &dyn Link, every: Duration) -> Duration {
+        let pulse = self.pulse.and_then(|p| p.silent_for(rank));
+        let heard = pulse.map_or(link.silent_for(), |p| p.min(link.silent_for()));
+        kernel_in.map_or(heard, |k| heard.min(k.heard(rank, link, heard, every)))
+    }
+
+    /// The host of peer `rank` when it is another than this rank's.
+    fn host(&self, rank: u32) -> Option<HostId> {
+        let mine = self.hosts.get(self.me as usize).copied().flatten();
+        self.hosts.get(rank as usize).copied().flatten().filter(|h| Some(*h) != mine)
+    }
+
+    /// How long ago each other host was heard (`heard`: each of `all`'s), by any of its ranks.
+    fn hosts_heard(
+        &self,
+        all: &[(u32, Arc<dyn Link>)],
+        heard: &[Duration],
+    ) -> std::collections::HashMap<HostId, Duration> {
+        let mut out = std::collections::HashMap::new();
+        for ((rank, _), &s) in all.iter().zip(heard) {
+            if let Some(h) = self.host(*rank) {
+                out.entry(h).and_modify(|d: &mut Duration| *d = (*d).min(s)).or_insert(s);
+            }
+        }
+        out
+    }
+
+    /// Declares `rank` failed: tells it so (`Evict`), should it wake and read, then closes.
+    fn declare(&self, w: &mut Watching, rank: u32, link: &dyn Link, fault: Fault) {
+        w.declared.insert(rank);
+        w.asked.remove(&rank);
+        let evict = news::encode_reason(&fault.reason);
+        link.control(&header(FrameKind::Evict, evict.len()), &evict);
+        self.inbox.mark_failed(rank, fault);
+        link.close(None);
+    }
+
+    /// The kernel's word on peer `rank`, silent for `silent`, when it runs on this host and
+    /// this rank sees its process; /proc is read only for a peer silent a while, at most once
+    /// per `probe_every`. Returns the verdict, the process, and how soon to ask again.
+    fn ask_kernel(
+        &self,
+        asked: &mut Asked,
+        rank: u32,
+        silent: Duration,
+        t: &Timing,
+    ) -> (Verdict, Option<Process>, Duration) {
+        let Some(process) = self.shm.process(rank) else { return (Verdict::NoEvidence, None, Duration::MAX) };
+        if silent < t.probe_after {
+            asked.remove(&rank);
+            return (Verdict::NotAsked, Some(process), t.probe_after - silent);
+        }
+        let now = std::time::Instant::now();
+        let (at, verdict) = match asked.get(&rank) {
+            Some(&(at, v)) if now.duration_since(at) < t.probe_every => (at, v),
+            _ => (now, kernel_liveness::verdict(process.look(), silent, t)),
+        };
+        asked.insert(rank, (at, verdict));
+        (verdict, Some(process), t.probe_every.saturating_sub(now.duration_since(at)))
+    }
 }
+
+/// How long a watched peer may be silent. One not heard from yet may still be finishing its
+/// set-up (hundreds of ranks on a few cores finish it far apart): four times `dead_after`. One
+/// the kernel says is running is alive, however starved: four times too. One on a host still
+/// heard (`host_heard`) is behind a congested path, not cut off, and its host's ranks watch
+/// its process: eight times, a backstop only. Otherwise `dead_after`.
+fn patience(verdict: Verdict, heard_yet: bool, host_heard: bool, t: &Timing) -> Duration {
+    match verdict {
+        Verdict::Alive => t.alive_patience(),
+        _ if host_heard => 8 * t.dead_after,
+        _ if heard_yet => t.dead_after,
+        _ => 4 * t.dead_after,
+    }
+}
+
+/// When the kernel was last asked about each silent peer, and what it said.
+type Asked = std::collections::HashMap<u32, (std::time::Instant, Verdict)>;
 
 /// What the watchdog keeps between wake-ups.
 #[derive(Default)]
@@ -301,6 +413,35 @@ struct Watching {
     pending: Vec<(u32, FrameHeader, Vec<u8>)>,
     lateness: super::starved::Lateness,
     since: WatchedSince,
+    /// The kernel's word on silent peers of this host.
+    asked: Asked,
+    /// Segments received on silent links.
+    kernel_in: KernelIn,
+}
+
+/// What the kernel received on links silent a while: segments of the peer's bytes that reached
+/// this host are life even when none can be read yet. A deep queue (a congested path) that drops
+/// one segment holds those behind it out of order until the resent one crosses the queue again,
+/// for seconds; the bytes still arrive all along.
+#[derive(Default)]
+struct KernelIn(std::collections::HashMap<u32, (u32, Option<std::time::Instant>)>);
+
+impl KernelIn {
+    /// How long ago the kernel last received a segment from `rank`, as far as this watchdog
+    /// saw it change (a link silent less than two beats is not asked); `silent` if it did not.
+    fn heard(&mut self, rank: u32, link: &dyn Link, silent: Duration, every: Duration) -> Duration {
+        if silent < 2 * every {
+            self.0.remove(&rank);
+            return silent;
+        }
+        let Some(segs) = link.segments_in() else { return silent };
+        let now = std::time::Instant::now();
+        let seen = self.0.entry(rank).or_insert((segs, None));
+        if seen.0 != segs {
+            *seen = (segs, Some(now));
+        }
+        seen.1.map_or(silent, |at| now.duration_since(at))
+    }
 }
 
 /// When this rank began to watch each peer it watches. A peer it begins to watch (a neighbour
@@ -331,6 +472,24 @@ mod tests {
         let mut v: Vec<u32> = s.into_iter().collect();
         v.sort_unstable();
         v
+    }
+
+    #[test]
+    fn silence_is_judged_by_time_only_when_nothing_else_speaks_for_the_peer() {
+        let t = Timing::new(Duration::from_millis(100), Duration::from_millis(800));
+        let ms = |v: u64| Duration::from_millis(v);
+        let cases = [
+            // (kernel verdict, heard yet, its host heard, patience ms)
+            (Verdict::NoEvidence, true, false, 800),
+            (Verdict::NotAsked, true, false, 800),
+            (Verdict::NoEvidence, false, false, 3200),
+            (Verdict::Alive, true, false, 3200),
+            (Verdict::NoEvidence, true, true, 6400),
+            (Verdict::Alive, true, true, 3200),
+        ];
+        for (v, heard_yet, host_heard, want) in cases {
+            assert_eq!(patience(v, heard_yet, host_heard, &t), ms(want), "{v:?} heard {heard_yet} host {host_heard}");
+        }
     }
 
     #[test]

@@ -51,6 +51,11 @@ pub(crate) trait Link: Send + Sync {
     }
     /// True when bytes from the peer are waiting to be read (it spoke; we did not listen yet).
     fn has_unread(&self) -> bool;
+    /// How many segments carrying the peer's bytes this host's kernel has received on the link,
+    /// readable or not (out of order behind a lost one), where the kernel says (TCP_INFO).
+    fn segments_in(&self) -> Option<u32> {
+        None
+    }
 
     /// After a send to this link's peer failed: whether the peer had said goodbye (it left on
     /// purpose and reads nothing more), giving the progress engine a moment to read a goodbye

@@ -15,6 +15,7 @@ pub(crate) const WITHDRAW_GRACE: std::time::Duration = std::time::Duration::from
 
 pub(crate) mod heartbeat;
 mod inbox;
+mod kernel_liveness;
 mod link;
 mod net;
 pub(crate) mod news;

@@ -99,7 +99,7 @@ pub(crate) struct Net {
 
 impl Net {
     /// Joins the peers: `links` by world rank, and shared memory (`shm`) to those on this host,
-    /// which then becomes their data channel. A watchdog thread tells the peers of this rank's
+    /// which then becomes their data channel; `hosts`: each world rank's host, where known. A watchdog thread tells the peers of this rank's
     /// losses and, with a heartbeat interval, keeps the links alive (with `pulse`, on a path of
     /// their own too) and declares silent peers failed.
     pub fn new(
@@ -107,11 +107,13 @@ impl Net {
         links: Vec<Option<Arc<dyn Link>>>,
         inbox: Arc<Inbox>,
         pulse: Option<pulse::Pulse>,
-        shm: shm::Shm,
+        (shm, mut hosts): (shm::Shm, Vec<Option<shm::HostId>>),
         cfg: &crate::config::Config,
         connector: Option<Box<dyn Connector>>,
     ) -> Net {
         let n = links.len();
+        hosts.resize(n.max(rank as usize + 1), None);
+        hosts[rank as usize] = Some(shm::host_id());
         let shm = Arc::new(shm);
         let progress: Option<Progress> = (!shm.is_empty()).then(|| {
             let (shm, inbox) = (shm.clone(), inbox.clone());
@@ -152,11 +154,9 @@ impl Net {
             links.clone(),
             inbox.clone(),
             pulse.clone(),
-            on_demand.clone(),
+            (on_demand.clone(), shm.clone(), hosts.clone()),
             (cfg.heartbeat, cfg.dead_after, cfg.watched_peers),
         );
-        let mut hosts = vec![None; n.max(rank as usize + 1)];
-        hosts[rank as usize] = Some(shm::host_id());
         let local = Arc::new(SelfChannel { inbox: inbox.clone(), rank });
         Net {
             rank,

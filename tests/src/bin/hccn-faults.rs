@@ -14,9 +14,11 @@
 //!   it, shrink, and run exact allreduces on the new communicator (epoch 1, dense ranks).
 //! - `chaos DELAY_US`: rank 3 dies mid-allreduce, then rank 0 dies DELAY_US into its shrink; the
 //!   survivors shrink again while the result has a failed member, and end with 2 exact ranks.
-//! - `freeze [huge]`: the last rank SIGSTOPs itself mid-allreduce (of 4 MiB, or 32 MiB); heartbeats
-//!   must declare it failed within about HCCN_DEAD_AFTER_MS; survivors shrink, reduce exactly,
-//!   then kill the stopped rank.
+//! - `freeze [huge|small]`: the last rank SIGSTOPs itself mid-allreduce (of 4 MiB, 32 MiB or
+//!   4 KiB); survivors must declare it failed (on one host the kernel says at once that it is
+//!   stopped), shrink, reduce exactly, then kill the stopped rank.
+//! - `steady SECONDS`: exact 4 KiB allreduces for about SECONDS (rank 0's clock decides, in the
+//!   data, so that every rank stops after the same call); no rank may fail.
 //! - `freeze-dial DIALER`: in a world that connects on demand, the last rank SIGSTOPs itself after
 //!   a barrier; rank DIALER, which has no link to it, then sends it a message: the dial (which
 //!   the frozen process's kernel accepts, and nobody answers) must end with RANK_FAILED naming
@@ -310,6 +312,33 @@ fn shrink_after_kill(c: &CComm, victims: &[u32]) -> ExitCode {
     }
 }
 
+/// Exact 4 KiB allreduces for about `seconds`: element 0 carries rank 0's "go on" (1 while
+/// its clock says so, 0 from everyone else), so every rank stops after the same call.
+fn steady(c: &CComm, seconds: u64) -> ExitCode {
+    let (me, n) = (c.rank(), c.size());
+    let start = std::time::Instant::now();
+    let mut send: Vec<f32> = (0..1024).map(|j| (j % 7) as f32 + me as f32).collect();
+    let mut recv = vec![0f32; send.len()];
+    let expect = |j: usize| (n * (j as u32 % 7) + n * (n - 1) / 2) as f32;
+    for round in 0u64.. {
+        send[0] = (me == 0 && start.elapsed() < Duration::from_secs(seconds)) as u32 as f32;
+        if let Err((code, msg)) = allreduce(c, &send, &mut recv) {
+            println!("STEADY_FAILED round={round} at_ms={} code={code} msg={msg}", start.elapsed().as_millis());
+            return ExitCode::FAILURE;
+        }
+        let bad = (1..recv.len()).filter(|&j| recv[j] != expect(j)).count();
+        if bad > 0 {
+            println!("STEADY_FAILED round={round} {bad} wrong elements");
+            return ExitCode::FAILURE;
+        }
+        if recv[0] == 0.0 {
+            println!("STEADY rounds={} ms={}", round + 1, start.elapsed().as_millis());
+            return ExitCode::SUCCESS;
+        }
+    }
+    ExitCode::FAILURE
+}
+
 /// Kills this job's stopped ranks: siblings (same parent, hccnrun) in state T.
 fn kill_stopped_siblings() {
     // SAFETY: getppid has no preconditions.
@@ -327,12 +356,11 @@ fn kill_stopped_siblings() {
     }
 }
 
-/// The last rank freezes amid allreduces of 4 MiB, or of 32 MiB (`huge`: ring steps of more
-/// chunks than `Sends` holds, so senders wait for a frozen reader amid a step).
-fn freeze(c: &CComm, huge: bool) -> ExitCode {
+/// The last rank freezes amid allreduces of `elems` floats (8 Mi: ring steps of more chunks
+/// than `Sends` holds, so senders wait for a frozen reader amid a step; 1 Ki: the board).
+fn freeze(c: &CComm, elems: usize) -> ExitCode {
     let (me, n) = (c.rank(), c.size());
     let victim = n - 1;
-    let elems = if huge { 8 << 20 } else { 1 << 20 };
     let send = vec![1.0f32; elems];
     let mut recv = vec![0.0f32; elems];
     if me == victim {
@@ -684,7 +712,15 @@ fn main() -> ExitCode {
             shrink_after_kill(&comm, &victims)
         }
         "revoke" => revoke_then_shrink(&comm),
-        "freeze" => freeze(&comm, std::env::args().nth(2).as_deref() == Some("huge")),
+        "freeze" => freeze(
+            &comm,
+            match std::env::args().nth(2).as_deref() {
+                Some("huge") => 8 << 20,
+                Some("small") => 1 << 10,
+                _ => 1 << 20,
+            },
+        ),
+        "steady" => steady(&comm, std::env::args().nth(2).and_then(|v| v.parse().ok()).unwrap_or(5)),
         "freeze-dial" => freeze_dial(&comm, std::env::args().nth(2).and_then(|v| v.parse().ok()).unwrap_or(2)),
         "partition" => partition(&comm),
         "store-host-dies" => store_host_dies(&comm),

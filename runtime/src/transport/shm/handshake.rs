@@ -45,9 +45,10 @@ pub(crate) fn handshake(
         }
     }
     let pids = agree_cma(socks, &links, cfg.cma != Cma::Off)?;
-    for (link, pid) in links.iter_mut().zip(pids) {
+    for (link, (pid, process)) in links.iter_mut().zip(pids) {
         if let Some(l) = link {
             l.cma_pid = pid;
+            l.process = process;
             l.reads_pay = pid.is_some() && (cfg.cma == Cma::On || reads_pay());
         }
     }
@@ -201,33 +202,42 @@ pub(super) fn hs_err(peer: u32, what: &'static str) -> impl Fn(std::io::Error) -
 /// Phases 4 and 5, for the pairs with a link: both sides send their pid and the address and
 /// value of their [`CMA_MAGIC`], try to read the other's, and tell each other whether that
 /// worked: single-copy reads are on only when both worked (pid namespaces, ptrace policy or
-/// seccomp may forbid them, in one direction only). Returns per peer its pid when they are on.
+/// seccomp may forbid them, in one direction only). Returns per peer its pid when they are on,
+/// and its process when this rank sees it in /proc (the kernel's word on its liveness, see
+/// kernel_liveness.rs), which each side's start time after the pid tells.
 pub(super) fn agree_cma(
     socks: &mut [(u32, TcpStream)],
     links: &[Option<ShmPeer>],
     allow: bool,
-) -> Result<Vec<Option<i32>>> {
+) -> Result<Vec<(Option<i32>, Option<Process>)>> {
     let magic = cma_magic();
-    let mut mine = [0u8; 21];
+    let (pid, start) = Process::mine();
+    let mut mine = [0u8; 29];
     mine[0] = allow as u8;
-    mine[1..5].copy_from_slice(&std::process::id().to_le_bytes());
+    mine[1..5].copy_from_slice(&pid.to_le_bytes());
     mine[5..13].copy_from_slice(&(magic.as_ptr() as u64).to_le_bytes());
     mine[13..21].copy_from_slice(&magic.load(Ordering::Relaxed).to_le_bytes());
+    mine[21..29].copy_from_slice(&start.to_le_bytes());
     let linked = |i: usize| links[i].is_some();
     for (i, (peer, sock)) in socks.iter_mut().enumerate() {
         if linked(i) {
             sock.write_all(&mine).map_err(hs_err(*peer, "send pid"))?;
         }
     }
-    let mut pids = vec![None; socks.len()];
+    let mut pids = vec![(None, None); socks.len()];
     let mut cans = vec![false; socks.len()];
     for (i, (peer, sock)) in socks.iter_mut().enumerate() {
         if linked(i) {
-            let mut theirs = [0u8; 21];
+            let mut theirs = [0u8; 29];
             sock.read_exact(&mut theirs).map_err(hs_err(*peer, "receive pid"))?;
-            let (pid, addr, value) = cma_offer(&theirs);
+            let mut offer = [0u8; 21];
+            offer.copy_from_slice(&theirs[..21]);
+            let (pid, addr, value) = cma_offer(&offer);
             cans[i] = allow && theirs[0] == 1 && pid.is_some_and(|pid| cma_probe(pid, addr, value));
-            pids[i] = pid;
+            let mut start = [0u8; 8];
+            start.copy_from_slice(&theirs[21..29]);
+            let process = pid.and_then(|pid| Process::verified(pid, u64::from_le_bytes(start)));
+            pids[i] = (pid, process);
             sock.write_all(&[cans[i] as u8]).map_err(hs_err(*peer, "send probe"))?;
         }
     }
@@ -242,7 +252,7 @@ pub(super) fn agree_cma(
                     "no single-copy reads with world rank {peer} (HCCN_CMA, or the kernel forbids them)"
                 );
             }
-            pids[i] = pids[i].filter(|_| on);
+            pids[i].0 = pids[i].0.filter(|_| on);
         }
     }
     Ok(pids)

@@ -43,6 +43,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use super::kernel_liveness::Process;
 use super::{Flow, Frame, Health, Inbox, Key};
 use crate::config::{Cma, Config, Transport, MAX_CHUNK_BYTES};
 use crate::error::{Error, ErrorKind, Result};
@@ -142,6 +143,8 @@ pub(crate) struct ShmPeer {
     rx_state: Mutex<RxState>,
     /// The peer's process id when both sides may read each other's memory (CMA).
     cma_pid: Option<i32>,
+    /// The peer's process when this rank sees it in /proc (same pid namespace), whatever CMA.
+    process: Option<Process>,
     /// Whether frames to the peer may go by descriptor for a `process_vm_readv`, which costs
     /// more than the copies it saves on some hosts (see [`reads_pay`]); a frame in shareable
     /// memory, read with plain loads, may whenever `cma_pid` is known.
@@ -166,6 +169,7 @@ impl ShmPeer {
             tx_lock: Mutex::new(TxState::default()),
             rx_state: Mutex::new(RxState::default()),
             cma_pid: None,
+            process: None,
             reads_pay: false,
         }
     }
@@ -287,6 +291,11 @@ impl Shm {
 
     fn peer(&self, rank: u32) -> Option<&ShmPeer> {
         self.peers.get(rank as usize).and_then(OnceLock::get)
+    }
+
+    /// The process of peer `rank` as the kernel shows it, when this rank can see it.
+    pub fn process(&self, rank: u32) -> Option<Process> {
+        self.peer(rank).and_then(|p| p.process)
     }
 
     /// True when frames to `rank` may go by descriptor (both sides agreed at the handshake).

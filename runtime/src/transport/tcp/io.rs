@@ -112,3 +112,18 @@ pub(super) fn peek_header(fd: std::os::fd::RawFd) -> Option<[u8; HEADER_LEN]> {
     let n = unsafe { libc::recv(fd, head.as_mut_ptr().cast(), HEADER_LEN, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
     (n == HEADER_LEN as isize).then_some(head)
 }
+
+/// The kernel's count of segments with data received on socket `fd` (`tcpi_data_segs_in`,
+/// Linux 4.6+), those held out of order included: the peer's bytes reached this host even
+/// when none can be read yet.
+pub(crate) fn data_segments_in(fd: std::os::fd::RawFd) -> Option<u32> {
+    // Offset of tcpi_data_segs_in in the kernel's struct tcp_info (uapi/linux/tcp.h).
+    const AT: usize = 152;
+    let mut info = [0u8; 256];
+    let mut len = info.len() as libc::socklen_t;
+    // SAFETY: `info` is writable for `len` bytes, which the kernel fills up to what it has.
+    let r = unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, info.as_mut_ptr().cast(), &mut len) };
+    let got = &info[..(len as usize).min(info.len())];
+    let bytes = got.get(AT..AT + 4).filter(|_| r == 0)?;
+    Some(u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+}

@@ -114,6 +114,10 @@ impl Link for TcpLink {
         self.conn.heard.ms.load(Ordering::Relaxed) != NEVER
     }
 
+    fn segments_in(&self) -> Option<u32> {
+        io::data_segments_in(self.conn.fd)
+    }
+
     fn has_unread(&self) -> bool {
         let mut b = [0u8; 1];
         // SAFETY: peeks at most one byte into a local buffer; `conn.sock` keeps the fd open.

@@ -329,3 +329,18 @@ fn a_malformed_frame_read_by_a_polling_receive_cuts_the_link_at_once() {
     drop(tx);
     link.close(None);
 }
+
+#[test]
+fn the_kernel_counts_the_data_segments_a_socket_received_before_any_is_read() {
+    use std::io::Write;
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let mut a = TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+    let (b, _) = listener.accept().expect("accept");
+    let before = io::data_segments_in(b.as_raw_fd()).expect("TCP_INFO on a connected socket");
+    a.write_all(b"any byte is life").expect("write");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while io::data_segments_in(b.as_raw_fd()) == Some(before) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(io::data_segments_in(b.as_raw_fd()), Some(before + 1), "one segment came, none read yet");
+}
