@@ -182,14 +182,28 @@ fn torchrun() -> Command {
     cmd(TORCHRUN)
 }
 
+/// A port for torchrun's `--master-port` whose hccn store port (+53) is free too: left to
+/// itself torchrun picks a free port, and the one 53 above may be another test's at that moment.
+fn master_port() -> String {
+    let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+    let port = (0..200)
+        .filter_map(|_| std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok())
+        .map(|a| a.port())
+        .find(|&p| p < u16::MAX - 53 && free(p + 53))
+        .expect("a free port pair");
+    port.to_string()
+}
+
 #[test]
 fn torchrun_starts_a_c_program() {
     let mut c = torchrun();
-    c.args(["--nproc-per-node", "3", "--no-python"]).arg(c_example());
+    c.args(["--nproc-per-node", "3", "--no-python", "--master-port", &master_port()]).arg(c_example());
     expect_all(&launch::run(c, T), 3, c_example_line(3), "torchrun --nproc-per-node 3 --no-python allreduce");
     // Several worlds in a process meet in the one store rank 0 keeps at MASTER_PORT+53.
     let mut c = torchrun();
-    c.args(["--nproc-per-node", "3", "--no-python"]).arg(worlds_program()).arg("worlds");
+    c.args(["--nproc-per-node", "3", "--no-python", "--master-port", &master_port()])
+        .arg(worlds_program())
+        .arg("worlds");
     expect_all(&launch::run(c, T), 3, |r| format!("[{r}] worlds: rank {r} of 3 ok"), "torchrun: three worlds");
 }
 
