@@ -48,7 +48,7 @@ pub const VARIABLES: &[Variable] = &[
     Variable { name: "HCCN_STORE", default: DefaultIs::Text("(set by hccnrun)"), meaning: "Rendezvous store, `tcp://host:port` (the embedded store hosted by hccnrun) or `etcd://host:port[,...]`. Under another launcher it overrides where the ranks would meet (docs/launchers.md)." },
     Variable { name: "HCCN_JOB_ID", default: DefaultIs::Text("`default`"), meaning: "Job name; namespaces the job's keys in the store." },
     Variable { name: "HCCN_JOB_TOKEN", default: DefaultIs::Text("(from the job)"), meaning: "Shared secret for the HMAC-SHA256 challenge-response on every store and peer connection; hccnrun makes a fresh one per job, a PMIx job a fresh one through PMIx; under other launchers it is derived from the launcher's job id, which keeps jobs apart but is no secret: set it (the same on every rank) to keep other users of the hosts out." },
-    Variable { name: "HCCN_TIMEOUT_MS", default: DefaultIs::Value(|c| c.timeout.as_millis().to_string()), meaning: "Deadline of every wait (connect, rendezvous, each receive); exceeded waits fail with `HCCN_ERROR_TIMEOUT`, naming the rank waited for. A small collective on one host that waits for a late rank warns once, naming it, after half of this (at most 10 s). Like `HCCL_EXEC_TIMEOUT`, in ms." },
+    Variable { name: "HCCN_TIMEOUT_MS", default: DefaultIs::Value(|c| c.timeout.as_millis().to_string()), meaning: "Deadline of every wait (connect, rendezvous, each receive); exceeded waits fail with `HCCN_ERROR_TIMEOUT`, naming the rank waited for. A small collective on one host that waits for a late rank warns once, naming it, after half of this (at most 10 s). Like `HCCL_EXEC_TIMEOUT`, in ms; at most 604800000 (7 days)." },
     Variable { name: "HCCN_BIND_ADDR", default: DefaultIs::Value(|c| c.bind_addr.to_string()), meaning: "Address that ranks and the embedded store listen on (never all interfaces unless asked). Under a launcher other than hccnrun, when unset, each rank listens on its own address towards the store, and rank 0's store on the address the launcher names (docs/launchers.md)." },
     Variable { name: "HCCN_CHUNK_BYTES", default: DefaultIs::Value(|c| c.chunk_bytes.to_string()), meaning: "Largest pipeline chunk of the algorithms (4 KiB .. 8 MiB); the cost model may choose smaller chunks per operation." },
     Variable { name: "HCCN_ALGO", default: DefaultIs::Value(|c| c.algo.name().to_owned()), meaning: "Algorithm of the collectives that have a choice (allreduce above all): `auto` (the cost model decides per operation), `ring`, `rhd` (recursive halving-doubling), `tree`, `hier`; see docs/algorithms.md. An algorithm that cannot run an allreduce on the communicator is an error." },
@@ -117,6 +117,8 @@ pub const VARIABLES: &[Variable] = &[
 
 /// Largest frame payload a peer may send; any larger header closes the connection.
 pub const MAX_CHUNK_BYTES: usize = 8 << 20;
+/// Largest HCCN_TIMEOUT_MS: 7 days (the bindings clamp frameworks' longer timeouts to it).
+pub const MAX_TIMEOUT_MS: u64 = 7 * 24 * 3600 * 1000;
 const MIN_CHUNK_BYTES: usize = 4 << 10;
 
 /// Whether large shared-memory messages may be read once, across processes (`HCCN_CMA`).
@@ -389,6 +391,12 @@ impl Config {
             if ms == 0 {
                 return Err(Error::invalid("HCCN_TIMEOUT_MS must be at least 1"));
             }
+            if ms > MAX_TIMEOUT_MS {
+                return Err(Error::invalid(format!(
+                    "HCCN_TIMEOUT_MS={ms} is more than {MAX_TIMEOUT_MS} (7 days): a deadline that never comes \
+                     turns a dead peer into a hang"
+                )));
+            }
             c.timeout = Duration::from_millis(ms);
         }
         if let Some(v) = get("HCCN_BIND_ADDR") {
@@ -548,6 +556,12 @@ mod tests {
     fn bad_values_are_named() {
         let e = Config::from_lookup(lookup(&[("HCCN_TIMEOUT_MS", "soon")])).err().map(|e| e.to_string());
         assert!(e.is_some_and(|m| m.contains("HCCN_TIMEOUT_MS")));
+        // A deadline of u64::MAX ms would never come: refused, naming the bound.
+        let e =
+            Config::from_lookup(lookup(&[("HCCN_TIMEOUT_MS", "18446744073709551615")])).err().map(|e| e.to_string());
+        assert!(e.is_some_and(|m| m.contains("7 days")));
+        let week = MAX_TIMEOUT_MS.to_string();
+        assert!(Config::from_lookup(lookup(&[("HCCN_TIMEOUT_MS", week.as_str())])).is_ok());
         assert!(Config::from_lookup(lookup(&[("HCCN_CHUNK_BYTES", "1")])).is_err());
         let e = Config::from_lookup(lookup(&[("HCCN_BACKEND", "nccl")])).err().map(|e| e.to_string());
         assert!(e.is_some_and(|m| m.contains("HCCN_BACKEND")));

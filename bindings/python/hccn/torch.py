@@ -195,12 +195,17 @@ def _given_timeout(timeout):
     return None if timeout == dist.default_pg_timeout else timeout
 
 
+# runtime/src/config.rs MAX_TIMEOUT_MS: the largest HCCN_TIMEOUT_MS.
+_MAX_TIMEOUT_MS = 7 * 24 * 3600 * 1000
+
 class _deadline:
     """While a communicator is made: its waits (joining, then every operation's) are bounded by
     `timeout` instead of HCCN_TIMEOUT_MS, the knob the library reads then (None: unchanged)."""
 
     def __init__(self, timeout):
-        self.ms = None if timeout is None else str(max(1, round(timeout.total_seconds() * 1000)))
+        # At most HCCN_TIMEOUT_MS's bound (7 days): torch allows longer, which hccn refuses.
+        ms = None if timeout is None else round(timeout.total_seconds() * 1000)
+        self.ms = None if ms is None else str(min(_MAX_TIMEOUT_MS, max(1, ms)))
 
     def __enter__(self):
         self.saved = os.environ.get("HCCN_TIMEOUT_MS")

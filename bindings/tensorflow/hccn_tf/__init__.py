@@ -98,13 +98,18 @@ def init(timeout_seconds=None):
         atexit.register(shutdown)
 
 
+# runtime/src/config.rs MAX_TIMEOUT_MS: the largest HCCN_TIMEOUT_MS.
+_MAX_TIMEOUT_MS = 7 * 24 * 3600 * 1000
+
 class _timeout_ms:
     """Sets HCCN_TIMEOUT_MS, the knob the library reads when it joins, for the join only."""
 
     def __init__(self, seconds):
         if seconds is not None and not float(seconds) > 0:
             raise ValueError(f"timeout_seconds must be positive, not {seconds!r}")
-        self.ms = None if seconds is None else str(max(1, round(float(seconds) * 1000)))
+        # At most HCCN_TIMEOUT_MS's bound (7 days).
+        ms = None if seconds is None else round(float(seconds) * 1000)
+        self.ms = None if ms is None else str(min(_MAX_TIMEOUT_MS, max(1, ms)))
 
     def __enter__(self):
         self.saved = os.environ.get("HCCN_TIMEOUT_MS")
