@@ -162,11 +162,6 @@ impl Error {
         Some(Error::new(kind, format!("{what}: {e}: {short}; a shortage on this rank, not its peer's failure")))
     }
 
-    /// Whether this error is [`Error::local_shortage`]'s.
-    pub fn is_local_shortage(&self) -> bool {
-        self.message().ends_with("a shortage on this rank, not its peer's failure")
-    }
-
     /// Maps an I/O error on a peer or store connection to the closest kind.
     pub fn io(kind_if_other: ErrorKind, what: impl fmt::Display, e: &std::io::Error) -> Self {
         use std::io::ErrorKind as Io;

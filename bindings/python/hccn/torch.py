@@ -198,6 +198,7 @@ def _given_timeout(timeout):
 # runtime/src/config.rs MAX_TIMEOUT_MS: the largest HCCN_TIMEOUT_MS.
 _MAX_TIMEOUT_MS = 7 * 24 * 3600 * 1000
 
+
 class _deadline:
     """While a communicator is made: its waits (joining, then every operation's) are bounded by
     `timeout` instead of HCCN_TIMEOUT_MS, the knob the library reads then (None: unchanged)."""

@@ -101,6 +101,7 @@ def init(timeout_seconds=None):
 # runtime/src/config.rs MAX_TIMEOUT_MS: the largest HCCN_TIMEOUT_MS.
 _MAX_TIMEOUT_MS = 7 * 24 * 3600 * 1000
 
+
 class _timeout_ms:
     """Sets HCCN_TIMEOUT_MS, the knob the library reads when it joins, for the join only."""
 

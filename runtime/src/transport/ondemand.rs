@@ -188,8 +188,9 @@ impl OnDemand {
                 if let Some(reason) = self.inbox.lost_anywhere(peer) {
                     return Err(lost(peer, &reason));
                 }
-                // This rank's own want: the peer is not to blame (a shrink would evict it).
-                if e.is_local_shortage() {
+                // This rank's own want (`Error::local_shortage`: a dial's other errors are
+                // Connect, Auth or Timeout): the peer is not to blame (a shrink would evict it).
+                if matches!(e.kind(), crate::error::ErrorKind::System | crate::error::ErrorKind::OutOfMemory) {
                     return Err(e);
                 }
                 let why = format!("could not connect: {}", e.message());
