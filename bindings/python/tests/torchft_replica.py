@@ -1,6 +1,7 @@
 """One replica group (one process) of torchft's DDP training, on ProcessGroupHccn or torchft's
 own ProcessGroupGloo, reporting what happens as JSON lines on stdout for torchft_scenario.py:
 
+    {"ev": "ready", "replica": 1, "t": ...}                  (with --go-file: waits for it to exist)
     {"ev": "start", "replica": 1, "t": ...}                  (t: CLOCK_MONOTONIC, shared by the host)
     {"ev": "step", "step": 7, "committed": true, "participants": 2, "t": ...}
     {"ev": "error", "step": 7, "t": ..., "error": "..."}    (a step whose collective failed)
@@ -57,6 +58,7 @@ def parse():
     p.add_argument("--step-s", type=float, default=0.05, help="time a step's compute takes at least")
     p.add_argument("--timeout-s", type=float, default=10.0, help="the process group's and the Manager's timeout")
     p.add_argument("--buckets", type=int, default=1, help="gradient buckets per step (DDP's bucket_cap_mb)")
+    p.add_argument("--go-file", default=None, help="say ready, then train once this file exists")
     return p.parse_args()
 
 
@@ -141,6 +143,12 @@ def main():
     ddp = with_fault(ddp_class, a, armed)(manager, model, bucket_cap_mb=cap_mb)
     opt = torchft.Optimizer(manager, inner)
 
+    if a.go_file:
+        # The first replicas start together: a slow import in one must not let another train
+        # every step alone (the fault would never find them all in the job).
+        say(ev="ready", replica=a.replica)
+        while not os.path.exists(a.go_file):
+            time.sleep(0.01)
     say(ev="start", replica=a.replica, pg=a.pg)
     loss_fn = nn.MSELoss()
     participants = 0

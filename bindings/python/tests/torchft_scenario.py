@@ -97,7 +97,7 @@ class Job:
                 time.sleep(0.05)
         raise RuntimeError(f"the Lighthouse did not start (see {self.out}/lighthouse.log)")
 
-    def start_replica(self, r, fault, lighthouse):
+    def start_replica(self, r, fault, lighthouse, go_file=None):
         incarnation = self.procs[r][0] + 1 if r in self.procs else 0
         a = self.a
         ddp = a.ddp or ("torchft" if a.pg == "hccn" else "hccn")
@@ -106,6 +106,8 @@ class Job:
                "--out", os.path.join(self.out, f"params-{r}.f64"), "--timeout-s", str(a.timeout_s),
                "--buckets", str(a.buckets), "--step-s", str(a.step_s), "--fault", fault,
                "--fault-step", str(a.fault_step), "--stall-s", str(a.stall_s)]
+        if go_file:
+            cmd += ["--go-file", go_file]
         err = open(os.path.join(self.out, f"replica-{r}.{incarnation}.log"), "w")
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, text=True)
         self.procs[r] = (incarnation, p)
@@ -135,7 +137,9 @@ class Job:
             if found:
                 return found[0]
             if not alive():
-                return None
+                time.sleep(0.5)  # its last lines may still be in the pipe
+                found = self.find(pred)
+                return found[0] if found else None
             time.sleep(0.01)
         return None
 
@@ -224,8 +228,16 @@ def run(a):
     until = time.monotonic() + a.limit_s
     try:
         lighthouse = job.start_lighthouse(until)
+        go = os.path.join(out, "go")
+        if os.path.exists(go):
+            os.remove(go)
         for r in range(a.replicas):
-            job.start_replica(r, a.fault if r == victim else "none", lighthouse)
+            job.start_replica(r, a.fault if r == victim else "none", lighthouse, go)
+        for r in range(a.replicas):
+            _, p = job.procs[r]
+            if job.wait_for(lambda rr, i, e, r=r: rr == r and e["ev"] == "ready", until, lambda p=p: p.poll() is None) is None:
+                raise RuntimeError(f"replica {r} did not get ready (see {out}/replica-{r}.0.log)")
+        open(go, "w").close()
         t_fault = t_back = None
         if a.fault != "none":
             t_fault, t_back = inject(job, a, victim, lighthouse, until)
