@@ -259,8 +259,10 @@ hccn_result hccn_comm_size(const struct hccn_comm *comm, uint32_t *size);
 /*
  Called by every rank listed in `ranks` (and only by them), with the same list; the new rank is
  the index in `ranks`. The members meet as the group is made: a list in another order on some
- member fails on every member with HCCN_ERROR_MISMATCH naming the ranks; lists whose members
- differ never meet and fail at the deadline (HCCN_ERROR_TIMEOUT), saying so.
+ member fails on every member with HCCN_ERROR_MISMATCH naming the ranks; so do lists whose
+ members differ, naming both lists, once the members have waited 0.1 s for each other. A rank
+ that lists ranks which all leave it out fails at the deadline (HCCN_ERROR_TIMEOUT), saying that
+ the lists may differ.
  */
 hccn_result hccn_new_group(struct hccn_comm *comm,
                            const uint32_t *ranks,

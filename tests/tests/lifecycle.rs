@@ -73,13 +73,29 @@ fn group_lists_that_differ_across_ranks_fail_at_creation_naming_the_ranks() {
         }
         assert_eq!(out.code, Some(0), "the job goes on after the mismatch: {}", out.describe());
     }
-    // Member sets that differ never meet: every rank fails at creation, told why.
-    let out = launch::hccnrun(3, &bin, &["members"], &env, Duration::from_secs(60));
+    // Member sets that differ: the members tell each other their lists while they wait, and
+    // every rank fails at creation with MISMATCH naming both lists, not at the deadline.
+    for n in [3, 4] {
+        let out = launch::hccnrun(n, &bin, &["members"], &env, Duration::from_secs(60));
+        let cases: Vec<&str> = out.stdout.lines().filter(|l| l.contains(" CASE ")).collect();
+        assert_eq!(cases.len(), n as usize, "{}", out.describe());
+        let (short, full): (Vec<u32>, Vec<u32>) = ((0..n - 1).collect(), (0..n).collect());
+        for c in &cases {
+            assert!(c.contains("code=107") && c.contains("lists differ"), "{n} ranks: {c}");
+            assert!(c.contains(&format!("{short:?}")) && c.contains(&format!("{full:?}")), "{n} ranks: {c}");
+            let ms: u64 = c.split(" ms=").nth(1).and_then(|s| s.split(' ').next()?.parse().ok()).unwrap_or(u64::MAX);
+            assert!(ms < 2500, "{n} ranks: {c}");
+        }
+        assert_eq!(out.code, Some(0), "{}", out.describe());
+    }
+    // A rank that lists ranks which leave it out: theirs is a group of their own; it waits
+    // alone and fails at the deadline, told that the lists may differ.
+    let out = launch::hccnrun(3, &bin, &["extra"], &env, Duration::from_secs(60));
     let cases: Vec<&str> = out.stdout.lines().filter(|l| l.contains(" CASE ")).collect();
     assert_eq!(cases.len(), 3, "{}", out.describe());
-    for c in &cases {
-        assert!(c.contains("code=9") && c.contains("same list"), "{c}");
-    }
+    let failed: Vec<&&str> = cases.iter().filter(|c| !c.contains("code=0 ")).collect();
+    assert_eq!(failed.len(), 1, "{cases:#?}");
+    assert!(failed[0].contains("code=9") && failed[0].contains("same list"), "{cases:#?}");
 }
 
 /// Serves every connection to a loopback port with `answer` (given what the client sent first)

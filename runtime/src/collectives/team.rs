@@ -203,6 +203,15 @@ impl Team {
     }
 
     pub(crate) fn tell_abandoned(&self, seq: u64, e: &Error, broken: bool) {
+        self.tell_abandoned_to(seq, e, broken, &[]);
+    }
+
+    /// As [`Team::tell_abandoned`] (not broken), but not to the world ranks in `skip`.
+    pub(crate) fn tell_abandoned_except(&self, seq: u64, e: &Error, skip: &[u32]) {
+        self.tell_abandoned_to(seq, e, false, skip);
+    }
+
+    fn tell_abandoned_to(&self, seq: u64, e: &Error, broken: bool, skip: &[u32]) {
         let ranks: Vec<u32> = e.failed_ranks().iter().filter_map(|r| self.members.get(*r as usize).copied()).collect();
         let message = match e.message().starts_with("rank ") && e.message().contains(" left this operation: ") {
             true => e.message().to_owned(),
@@ -215,7 +224,7 @@ impl Team {
         let payload = news::encode_abandon(&why, &|r| self.net.inbox.id_of(r));
         let hdr = FrameHeader::control(FrameKind::Abandon, self.id, self.epoch, seq, payload.len());
         for (r, &w) in self.members.iter().enumerate() {
-            if r as u32 != self.rank {
+            if r as u32 != self.rank && !skip.contains(&w) {
                 let _ = self.net.send(w, &hdr, &payload);
             }
         }

@@ -6,6 +6,7 @@
 use crate::sync::Locked;
 use std::sync::atomic::Ordering;
 
+use super::group_intents::LISTS_DIFFER;
 use super::{derive_id, CommInner, Communicator};
 use crate::collectives::{verify, Ctx, Op, Ptr};
 use crate::error::{Error, ErrorKind, Result};
@@ -46,19 +47,21 @@ impl Communicator {
     /// Checks that every member of a new group passed the same list, in the same order (which
     /// gives the new ranks): the members of the same set meet in a barrier whose frames carry a
     /// digest of the ordered list, so that lists in another order fail at once with MISMATCH on
-    /// every member, naming the ranks. Members whose sets differ never meet: they fail at the
-    /// deadline, told that the lists may differ.
+    /// every member, naming the ranks. Members whose sets differ never meet there: they tell
+    /// each other their lists while they wait (group_intents.rs), and fail with MISMATCH once a
+    /// member sees a list that names it and differs from its own; a member that no other lists
+    /// fails at the deadline, told that the lists may differ.
     fn members_agree(&self, ranks: &[u32], list: &[u8]) -> Result<()> {
         if ranks.len() < 2 {
             return Ok(());
         }
         let mut set = ranks.to_vec();
         set.sort_unstable();
-        // Counted apart from the lists (u32::MAX is no rank). A check that found the order to
+        // Counted apart from the lists (u32::MAX is no rank). A check that found the lists to
         // differ counts on every member (each fails it alike, and the next check must not meet
         // a frame of this one); one that timed out, where the sets may differ, counts on none,
         // so that members whose sets differed still number their next group alike.
-        let key: Vec<u32> = [u32::MAX].into_iter().chain(set.iter().copied()).collect();
+        let key = super::group_intents::set_key(ranks);
         let nth = self.inner.group_seq.locked().get(&key).copied().unwrap_or(0) + 1;
         let set_bytes: Vec<u8> = set.iter().flat_map(|r| r.to_le_bytes()).collect();
         let id = derive_id(&[&self.inner.id.to_le_bytes(), b"group-check", &set_bytes, &nth.to_le_bytes()]);
@@ -68,7 +71,9 @@ impl Communicator {
         // another order differ.
         let fp = Fingerprint { op: 0, dtype: 0, redop: 0, root: u32::MAX, count: derive_id(&[list]) };
         let ctx = Ctx::new(&check.inner, FrameKind::Collective, 0).with_fingerprint(&fp);
+        let watch = super::group_intents::Watch::start(&self.inner, ranks, nth, &check.inner);
         let met = verify::barrier(&ctx);
+        watch.finish();
         if met.as_ref().err().is_none_or(|e| e.kind() == ErrorKind::Mismatch) {
             self.next_of(key);
         }
@@ -77,6 +82,10 @@ impl Communicator {
             check.inner.abandon(0, e);
         }
         met.map_err(|e| match e.kind() {
+            ErrorKind::Mismatch if e.message().contains(LISTS_DIFFER) => {
+                let text = e.message();
+                Error::new(ErrorKind::Mismatch, &text[text.find("new_group: ").unwrap_or(0)..])
+            }
             ErrorKind::Mismatch => {
                 let others: Vec<u32> =
                     e.failed_ranks().iter().map(|&r| set[r as usize]).filter(|&r| r != self.rank()).collect();

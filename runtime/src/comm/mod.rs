@@ -5,6 +5,7 @@ pub(crate) mod agree;
 #[cfg(any(test, feature = "test-support"))]
 pub mod agree_sim;
 mod group;
+mod group_intents;
 mod init;
 pub(crate) mod join;
 mod linkcost;
@@ -61,6 +62,9 @@ pub(crate) struct CommInner {
     /// Next sequence number of messages to (`.0`) and from (`.1`) each peer.
     p2p_seq: Mutex<(Vec<u64>, Vec<u64>)>,
     group_seq: Mutex<HashMap<Vec<u32>, u64>>,
+    /// The lists other members passed to group creations (group_intents.rs).
+    group_intents: Mutex<group_intents::Known>,
+    group_mailbox: std::sync::OnceLock<Arc<CommInner>>,
     split_seq: AtomicU64,
     /// The agreement on the next epoch, kept across calls: a shrink that ran out of time
     /// continues where it stopped when called again.
@@ -117,6 +121,8 @@ impl CommInner {
             coll_seq: AtomicU64::new(0),
             p2p_seq: Mutex::new((vec![0; n], vec![0; n])),
             group_seq: Mutex::new(HashMap::new()),
+            group_intents: Mutex::new(group_intents::Known::default()),
+            group_mailbox: std::sync::OnceLock::new(),
             split_seq: AtomicU64::new(0),
             agreement: Mutex::new(None),
             origin: None,

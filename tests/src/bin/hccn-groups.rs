@@ -1,8 +1,10 @@
 //! Group member lists that differ across ranks, for one rank of a job started by hccnrun:
 //! `order` (rank 0 lists the members in reverse) must fail at creation with MISMATCH on every
 //! rank, naming the ranks; `members` (rank 0 leaves the last rank out) must fail at creation on
-//! every rank within the deadline, saying that the lists may differ. After `order`, a group of
-//! the same list on every rank works. Prints `CASE <name> code=<c> ms=<t> msg=<m>`.
+//! every rank with MISMATCH long before the deadline, naming both lists; `extra` (the last rank
+//! lists every rank, the others leave it out) makes the others' group, and the last rank fails
+//! at the deadline, saying that the lists may differ. After `order`, a group of the same list on
+//! every rank works. Prints `CASE <name> code=<c> ms=<t> msg=<m>`.
 
 use std::process::ExitCode;
 
@@ -28,13 +30,14 @@ fn main() -> ExitCode {
     let mine: Vec<u32> = match (case.as_str(), r) {
         ("order", 0) => all.iter().rev().copied().collect(),
         ("members", 0) => all[..n as usize - 1].to_vec(),
+        ("extra", r) if r + 1 < n => all[..n as usize - 1].to_vec(),
         _ => all.clone(),
     };
     let t = std::time::Instant::now();
     let got = if mine.contains(&r) { new_group(&world, &mine).map(drop) } else { Ok(()) };
     let (code, msg) = got.err().unwrap_or((0, String::new()));
     println!("CASE {case} code={code} ms={} msg={msg}", t.elapsed().as_millis());
-    if case == "members" {
+    if case == "members" || case == "extra" {
         // Ranks whose member sets differed may number later groups of the set differently; the
         // world still works (and nobody leaves before everyone has failed on its own).
         // SAFETY: a valid handle.
