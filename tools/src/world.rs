@@ -138,10 +138,16 @@ pub struct EarlyExits {
     /// Rank, what happened to it (e.g. "exited with code 3"), hccnrun's exit code for it.
     exited: Vec<(u32, String, i32)>,
     next_look: Option<Instant>,
+    /// When the first of them was seen.
+    first_seen: Option<Instant>,
 }
 
 /// How often hccnrun asks the store while ranks that exited early may be waited for.
 const LOOK_EVERY: Duration = Duration::from_millis(100);
+/// How long the others get to end on their own after an early exit: a rank that fails the
+/// meeting (world sizes that differ, a bad store) usually does so on every rank at once, and
+/// each one's own message says more than hccnrun's SIGTERM.
+const OTHERS_MAY_END: Duration = Duration::from_secs(2);
 
 impl EarlyExits {
     /// Takes the ranks that just exited (`rank`, what happened, exit code) and says, with the
@@ -162,10 +168,14 @@ impl EarlyExits {
             return None;
         }
         self.next_look = Some(now + LOOK_EVERY);
+        if now < *self.first_seen.get_or_insert(now) + OTHERS_MAY_END {
+            return None;
+        }
         match world.formation(running)? {
             Formation::Formed => {
                 // They left a world that had formed (the exit was seen late): nothing to do here.
                 self.exited.clear();
+                self.first_seen = None;
                 None
             }
             Formation::NotStarted => None,
@@ -179,6 +189,7 @@ impl EarlyExits {
                     world.cfg.timeout.as_millis()
                 );
                 self.exited.clear();
+                self.first_seen = None;
                 Some((why, code))
             }
         }
