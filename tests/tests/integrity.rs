@@ -110,3 +110,19 @@ fn point_to_point_on_another_thread_runs_beside_a_collective() {
         }
     }
 }
+
+#[test]
+fn a_send_against_a_collective_is_a_mismatch_not_a_timeout() {
+    let env = [("HCCN_TIMEOUT_MS", "1500")];
+    let out = launch::hccnrun(2, &integrity(), &["send-vs-collective"], &env, Duration::from_secs(60));
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    for case in ["small", "large"] {
+        let line = out
+            .stdout
+            .lines()
+            .find(|l| l.contains(&format!("CASE {case} rank=1 ")))
+            .unwrap_or_else(|| panic!("rank 1 printed no {case} case: {}", out.describe()));
+        assert!(line.contains("code=107") && line.contains("a send where this rank called a collective"), "{line}");
+        assert!(line.contains("rank 0 has not joined"), "{line}");
+    }
+}

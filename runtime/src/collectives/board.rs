@@ -266,13 +266,16 @@ fn on_board(
     let mut since = None;
     let mut warned = false;
     let mut quick = || ctx.health_error().map_or(Ok(()), Err);
-    let mut stalled = |late: &dyn Fn() -> String| {
+    let mut stalled = |waits_for: &dyn Fn(u32) -> bool, late: &dyn Fn() -> String| {
         ctx.net().keep_moving();
         if let Some(e) = ctx.message_for_board_turn() {
             return Err(e);
         }
         let waited = since.get_or_insert_with(Instant::now).elapsed();
         if waited >= ctx.timeout() {
+            if let Some(e) = (0..ctx.size()).filter(|&r| waits_for(r)).find_map(|r| ctx.send_instead(r)) {
+                return Err(e);
+            }
             return Err(Error::timeout(format!(
                 "{}; waited {} ms for it (HCCN_TIMEOUT_MS)",
                 late(),

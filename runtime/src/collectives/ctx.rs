@@ -381,12 +381,39 @@ impl<'a> Ctx<'a> {
         };
         let mut sink = Sink { check: &mut check, out, expect: len };
         self.comm.net.recv(key, self.comm.timeout, &|health| self.status(health), &mut sink).map_err(|e| {
-            if matches!(e.kind(), ErrorKind::Mismatch | ErrorKind::Transfer) {
-                e
-            } else {
-                self.comm.translate(e)
+            match e.kind() {
+                ErrorKind::Mismatch | ErrorKind::Transfer => e,
+                ErrorKind::Timeout => self.send_instead(from).unwrap_or_else(|| self.comm.translate(e)),
+                _ => self.comm.translate(e),
             }
         })
+    }
+
+    /// At the deadline of a collective's wait for `from`: a message `from` sent on this
+    /// communicator, unreceived here, says that it called send where this rank called the
+    /// collective.
+    pub fn send_instead(&self, from: u32) -> Option<Error> {
+        let src = self.world(from).ok()?;
+        if self.kind != FrameKind::Collective {
+            return None;
+        }
+        self.comm.net.drain(src);
+        if !self.comm.net.inbox.holds_from(src, FrameKind::P2p, self.comm.id) {
+            return None;
+        }
+        let ms = self.comm.timeout.as_millis();
+        Some(
+            Error::new(
+                ErrorKind::Mismatch,
+                format!(
+                    "rank {from} has not joined {} within {ms} ms (HCCN_TIMEOUT_MS), and a point-to-point message \
+                     it sent on this communicator waits here unreceived: its calls and this rank's differ (a send \
+                     where this rank called a collective)",
+                    super::fingerprint::describe(self.fp)
+                ),
+            )
+            .with_failed(vec![from, self.rank()]),
+        )
     }
 
     /// Receives the next frame from `from` (tag `tag`, exactly `dst.len()` bytes) into `dst`; a

@@ -521,6 +521,16 @@ impl Inbox {
         })
     }
 
+    /// Whether a frame of `kind` from world rank `src` for `comm_id` waits in the inbox.
+    pub fn holds_from(&self, src: u32, kind: FrameKind, comm_id: u64) -> bool {
+        self.queued() > 0
+            && self
+                .lock()
+                .queues
+                .iter()
+                .any(|(k, q)| k.src == src && k.kind == kind && k.comm_id == comm_id && !q.is_empty())
+    }
+
     /// Whether a frame under `key` waits in the inbox.
     pub fn has_queued(&self, key: &Key) -> bool {
         self.lock().queues.get(key).is_some_and(|q| !q.is_empty())

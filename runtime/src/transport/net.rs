@@ -255,6 +255,17 @@ impl Net {
         self.channel(key.src)?.recv(key, timeout, status, sink)
     }
 
+    /// Moves what world rank `src` has written to its ring for this rank into the inbox, where
+    /// [`Inbox::holds_from`](super::inbox::Inbox::holds_from) sees it (frames over TCP are
+    /// there already). Looks once; takes nothing.
+    pub fn drain(&self, src: u32) {
+        let nothing = Key { src, kind: FrameKind::P2p, comm_id: 0, seq: u64::MAX };
+        let mut check = |_: &FrameHeader| Err(crate::error::Error::internal("no frame matches a drain"));
+        let mut skip = |_: usize, _: &[u8]| {};
+        let mut sink = Sink { check: &mut check, out: super::Out::Pieces(&mut skip), expect: 0 };
+        let _ = self.recv(nothing, Duration::ZERO, &|_| None, &mut sink);
+    }
+
     /// Creates the shared-memory board of a communicator of `n` ranks at `path` (this is rank
     /// `me`); its waits behave like those of the rings.
     pub fn create_board(&self, path: &str, n: u32, me: u32) -> std::io::Result<shm_board::Board> {

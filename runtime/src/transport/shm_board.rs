@@ -79,7 +79,8 @@ unsafe impl Sync for Board {}
 /// them left: then it will never post). Each ends the wait with an error.
 pub(crate) struct Watch<'a> {
     pub quick: &'a mut dyn FnMut() -> Result<()>,
-    pub stalled: &'a mut dyn FnMut(&dyn Fn() -> String) -> Result<()>,
+    /// At each stall: which ranks the wait waits for, and why, in words.
+    pub stalled: &'a mut Stalled<'a>,
     pub left: &'a LeftAmong<'a>,
     /// The error for a post of `rank` whose call differs (its fingerprint).
     pub differs: &'a dyn Fn(u32, &Fingerprint) -> Error,
@@ -94,6 +95,9 @@ fn not_joined(rank: u32, turn: u64, last: Option<u64>) -> String {
     };
     format!("rank {rank} has not joined this call ({last}; alive as far as this rank knows: busy in its own code, or in another call)")
 }
+
+/// Called at each stall of a wait: which ranks it waits for, and why, in words.
+pub(crate) type Stalled<'a> = dyn FnMut(&dyn Fn(u32) -> bool, &dyn Fn() -> String) -> Result<()> + 'a;
 
 /// Given which ranks a wait waits for, the error when one of them left.
 pub(crate) type LeftAmong<'a> = dyn Fn(&dyn Fn(u32) -> bool) -> Option<Error> + 'a;
@@ -246,7 +250,7 @@ impl Board {
                 }
             }
             if slept {
-                (watch.stalled)(late)?;
+                (watch.stalled)(waited, late)?;
                 let seen = self.futex().load(Ordering::SeqCst);
                 self.sleepers().fetch_add(1, Ordering::SeqCst);
                 if !ready() {

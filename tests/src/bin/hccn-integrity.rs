@@ -12,6 +12,9 @@
 //! - `p2p-threads`: one thread calls blocking allreduces while another exchanges blocking
 //!   Send/Recv with a partner rank on the same communicator (as a framework's stream callback
 //!   does); point-to-point pairs by peer, so nothing is BUSY and every value is exact.
+//! - `send-vs-collective`: on a new group per case, rank 0 sends to rank 1 where rank 1 calls an
+//!   allreduce (small: the board; large: messages); rank 1 must get HCCN_ERROR_MISMATCH at its
+//!   deadline, saying a send met its collective. Prints `CASE <name> code=<c> msg=<m>`.
 
 use std::ffi::c_void;
 use std::process::ExitCode;
@@ -364,6 +367,42 @@ fn cases() -> Vec<Case> {
     ]
 }
 
+fn send_vs_collective(world: &CComm) -> ExitCode {
+    for (name, count) in [("small", 4usize), ("large", 1 << 16)] {
+        let Ok(g) = group(world) else { return ExitCode::FAILURE };
+        let data = vec![1f32; count];
+        let mut out = vec![0f32; count];
+        // SAFETY: both buffers hold `count` floats for the blocking calls.
+        let code = unsafe {
+            match g.rank() {
+                0 => hccn_send(data.as_ptr().cast(), 4, 4, 1, g.comm, std::ptr::null_mut()),
+                1 => hccn_allreduce(
+                    data.as_ptr().cast(),
+                    out.as_mut_ptr().cast(),
+                    count as u64,
+                    4, // HCCN_FP32
+                    0, // HCCN_SUM
+                    g.comm,
+                    std::ptr::null_mut(),
+                ),
+                _ => 0,
+            }
+        };
+        let (code, msg) = check(code).err().unwrap_or((0, String::new()));
+        println!("CASE {name} rank={} code={code} msg={msg}", g.rank());
+        // Nobody leaves the group before rank 1's deadline has passed (the barrier has the same
+        // deadline: rank 0 waits out rank 1's first).
+        if g.rank() != 1 {
+            std::thread::sleep(std::time::Duration::from_millis(2500));
+        }
+        // SAFETY: a valid handle.
+        if check(unsafe { hccn_barrier(world.comm, std::ptr::null_mut()) }).is_err() {
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}
+
 fn group(c: &CComm) -> Result<CComm, (u32, String)> {
     let ranks: Vec<u32> = (0..c.size()).collect();
     let mut out = std::ptr::null_mut();
@@ -562,6 +601,7 @@ fn main() -> ExitCode {
         "mismatch" => mismatch(&comm),
         "threads" => threads(&comm),
         "p2p-threads" => p2p_threads(&comm),
+        "send-vs-collective" => send_vs_collective(&comm),
         other => {
             eprintln!("unknown mode {other:?}");
             ExitCode::from(2)
