@@ -53,8 +53,10 @@ fn publish(weak: Weak<CommInner>, origin: Arc<Origin>) {
         let (Ok(r), Some(net)) = (name.parse::<u32>(), net.upgrade()) else { return };
         let Some(&world) = members.get(r as usize).filter(|_| r != rank) else { return };
         // The store is not in the data path: a lease that expires while the rank is heard on
-        // its link (the store was out of reach, say) fails nobody. Only the rank's watchers can
-        // read its silence (an unwatched link may carry nothing for long); they tell the rest.
+        // its link (the store was out of reach, say) fails nobody, nor while its host is heard
+        // (its path is congested: its keep-alives queue as its frames do), which leaves it to
+        // its watchers' patience. Only the rank's watchers can read its silence (an unwatched
+        // link may carry nothing for long); they tell the rest.
         if !net.watches(world) {
             tracing::info!(rank = r, "its membership lease expired: left to the ranks that watch it");
             return;
@@ -62,6 +64,9 @@ fn publish(weak: Weak<CommInner>, origin: Arc<Origin>) {
         match net.silent_for(world) {
             Some(silent) if silent <= dead_after => {
                 tracing::info!(rank = r, "its membership lease expired, but it is alive on its link: ignored")
+            }
+            _ if net.host_heard(world, dead_after) => {
+                tracing::info!(rank = r, "its membership lease expired, but its host is heard: left to its watchers")
             }
             _ => net.inbox.mark_failed(
                 world,

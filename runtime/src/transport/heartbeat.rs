@@ -10,9 +10,9 @@
 //! A silent peer on this host is judged by the kernel's word first (kernel_liveness.rs): a
 //! stopped process is frozen and a vanished one dead, both at once; one the kernel says is
 //! running is given more patience than time alone would. A silent peer on another host whose
-//! host still delivers bytes (on any link, or pulses) is not cut off but queued behind a
-//! congested path: any byte is life, and only a whole host's silence is judged by time; the
-//! peers on its host, which see its process, say if it froze.
+//! host still delivers bytes (on any link, or pulses, to this rank or to a host-mate: vouch.rs)
+//! is not cut off but queued behind a congested path: any byte is life, and only a whole host's
+//! silence is judged by time; the peers on its host, which see its process, say if it froze.
 //!
 //! A rank watches only its `k` (HCCN_WATCHED_PEERS) nearest live ranks on each side in the ring of
 //! world ranks: it heartbeats and pulses those and takes only their silence for a failure. The
@@ -32,6 +32,7 @@ use std::time::Duration;
 use super::kernel_liveness::{self, Process, Timing, Verdict};
 use super::pulse::Pulse;
 use super::shm::{HostId, Shm};
+use super::vouch::{self, HostHeard};
 use super::waker::{wait_readable, Waker};
 use super::{news, Fault, Inbox, Link, LinkTable, OnDemand};
 use crate::wire::{FrameHeader, FrameKind};
@@ -279,6 +280,7 @@ impl Watch<'_> {
             .map(|(r, l)| self.heard(w.watching.contains(r).then_some(&mut *kernel_in), *r, l.as_ref(), every))
             .collect();
         let hosts_heard = self.hosts_heard(&all, &heard);
+        self.shm.publish_heard(hosts_heard.iter().map(|(h, d)| (vouch::tag(h), *d)));
         for ((rank, link), heard) in all.into_iter().zip(heard) {
             if !w.watching.contains(&rank) || w.declared.contains(&rank) || failed.contains_key(&rank) {
                 continue;
@@ -293,8 +295,12 @@ impl Watch<'_> {
                 self.declare(w, rank, link.as_ref(), fault);
                 continue;
             }
-            let host_heard = self.host(rank).and_then(|h| hosts_heard.get(&h)).is_some_and(|s| *s < dead_after);
-            let patience = patience(verdict, link.heard_yet(), host_heard, &timing);
+            // Patience never falls below `dead_after`: the host's evidence is looked for only then.
+            let host = match silent > dead_after {
+                true => self.host_heard(rank, &hosts_heard, dead_after),
+                false => HostHeard::Silent,
+            };
+            let patience = patience(verdict, link.heard_yet(), host.heard(), &timing);
             let allowed = patience + w.lateness.allowance(std::time::Instant::now());
             if silent <= allowed {
                 next = next.min(allowed - silent + Duration::from_millis(1));
@@ -305,16 +311,7 @@ impl Watch<'_> {
             if link.has_unread() {
                 continue;
             }
-            let why = match (verdict, host_heard) {
-                (Verdict::Alive, _) => {
-                    format!("silent for {} ms although its process is running: hung", silent.as_millis())
-                }
-                (_, true) => {
-                    format!("silent for {} ms while its host's other ranks are heard: hung", silent.as_millis())
-                }
-                _ => format!("silent for {} ms: frozen, hung or cut off (HCCN_DEAD_AFTER_MS)", silent.as_millis()),
-            };
-            self.declare(w, rank, link.as_ref(), Fault::cut(why));
+            self.declare(w, rank, link.as_ref(), Fault::cut(silence(verdict, host, silent)));
         }
         next
     }
@@ -331,6 +328,23 @@ impl Watch<'_> {
     fn host(&self, rank: u32) -> Option<HostId> {
         let mine = self.hosts.get(self.me as usize).copied().flatten();
         self.hosts.get(rank as usize).copied().flatten().filter(|h| Some(*h) != mine)
+    }
+
+    /// How the host of remote peer `rank` is heard: by this rank (on any of its links), or by a
+    /// host-mate (vouch.rs), within `dead_after`.
+    fn host_heard(
+        &self,
+        rank: u32,
+        hosts_heard: &std::collections::HashMap<HostId, Duration>,
+        dead_after: Duration,
+    ) -> HostHeard {
+        let Some(host) = self.host(rank) else { return HostHeard::Silent };
+        let own = hosts_heard.get(&host).copied();
+        let mates = || self.shm.mates_heard(vouch::tag(&host));
+        match own.is_some_and(|d| d < dead_after) {
+            true => HostHeard::ByMe,
+            false => vouch::host_heard(own, mates(), dead_after),
+        }
     }
 
     /// How long ago each other host was heard (`heard`: each of `all`'s), by any of its ranks.
@@ -386,14 +400,26 @@ impl Watch<'_> {
 /// How long a watched peer may be silent. One not heard from yet may still be finishing its
 /// set-up (hundreds of ranks on a few cores finish it far apart): four times `dead_after`. One
 /// the kernel says is running is alive, however starved: four times too. One on a host still
-/// heard (`host_heard`) is behind a congested path, not cut off, and its host's ranks watch
-/// its process: eight times, a backstop only. Otherwise `dead_after`.
+/// heard (`host_heard`: by this rank or a host-mate, vouch.rs) is behind a congested path, not
+/// cut off, and its host's ranks watch its process: eight times, a backstop only. Otherwise
+/// `dead_after`.
 fn patience(verdict: Verdict, heard_yet: bool, host_heard: bool, t: &Timing) -> Duration {
     match verdict {
         Verdict::Alive => t.alive_patience(),
         _ if host_heard => 8 * t.dead_after,
         _ if heard_yet => t.dead_after,
         _ => 4 * t.dead_after,
+    }
+}
+
+/// Why a peer silent for `silent` is failed, in the user's words.
+fn silence(verdict: Verdict, host: HostHeard, silent: Duration) -> String {
+    let ms = silent.as_millis();
+    match (verdict, host) {
+        (Verdict::Alive, _) => format!("silent for {ms} ms although its process is running: hung"),
+        (_, HostHeard::ByMe) => format!("silent for {ms} ms while its host's other ranks are heard: hung"),
+        (_, HostHeard::ByMate) => format!("silent for {ms} ms while this host's other ranks hear its host: hung"),
+        _ => format!("silent for {ms} ms: frozen, hung or cut off (HCCN_DEAD_AFTER_MS)"),
     }
 }
 

@@ -283,14 +283,20 @@ impl Inbox {
     }
 
     /// Why world rank `rank` is lost to this rank or, as news told, to any other; `None` while
-    /// nobody reported it.
+    /// nobody reported it. A rank that leaves right after it lost a peer may say so only in its
+    /// goodbye (its watchdog had no turn to send the `Suspect` notice yet): that counts too, or
+    /// a dial to a frozen peer would wait for news that has already come.
     pub fn lost_anywhere(&self, rank: u32) -> Option<String> {
         let st = self.lock();
         if let Some(f) = st.failed.get(&rank) {
             return Some(f.reason.clone());
         }
         let cut = st.cuts.iter().find(|((_, lost), _)| *lost == rank);
-        cut.map(|((by, _), why)| format!("world rank {by} lost it: {why}"))
+        if let Some(((by, _), why)) = cut {
+            return Some(format!("world rank {by} lost it: {why}"));
+        }
+        let told = st.departed.iter().find_map(|(by, news)| Some((by, news.iter().find(|(lost, _)| *lost == rank)?)));
+        told.map(|(by, (_, f))| format!("world rank {by} left knowing it lost: {}", f.reason))
     }
 
     /// Passes news of other ranks on from now (see [`Relay`]).
@@ -672,5 +678,20 @@ mod tests {
         let losses = inbox.losses();
         assert_eq!(losses.len(), 1, "{losses:?}");
         assert_eq!(losses[0].1.reason, "silent for 900 ms");
+    }
+
+    #[test]
+    fn a_loss_named_only_in_a_goodbye_is_known_lost() {
+        // Rank 0 lost rank 5 and left at once, before its watchdog sent the notice: only its
+        // goodbye said so. A dial to rank 5 (frozen: its kernel takes the connection, nobody
+        // answers) gives up on this, not at its own timeout.
+        let inbox = Inbox::default();
+        inbox.note_intro(0, 0x10, None);
+        inbox.note_intro(5, 0x55, None);
+        assert_eq!(inbox.lost_anywhere(5), None);
+        inbox.mark_departed(0, vec![(0x55, Fault::cut("silent for 830 ms"))]);
+        let why = inbox.lost_anywhere(5).unwrap_or_default();
+        assert!(why.contains("world rank 0") && why.contains("silent for 830 ms"), "{why}");
+        assert_eq!(inbox.lost_anywhere(0), None, "a rank that left is not lost");
     }
 }

@@ -29,6 +29,7 @@ mod starved;
 mod sweep;
 pub(crate) mod tcp;
 pub(crate) mod usage;
+mod vouch;
 pub(crate) mod wait;
 pub(crate) mod waker;
 

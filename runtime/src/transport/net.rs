@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::channel::{Channel, Flow, Progress, SelfChannel, Status};
 use super::ondemand::{Connector, OnDemand};
-use super::{heartbeat, news, pulse, shm, shm_board, tcp, Fault, Inbox, Key, Link, Sink};
+use super::{heartbeat, news, pulse, shm, shm_board, tcp, vouch, Fault, Inbox, Key, Link, Sink};
 use crate::error::{Error, Result};
 use crate::wire::{FrameHeader, FrameKind};
 
@@ -357,6 +357,16 @@ impl Net {
         let link = self.links.get(peer)?.silent_for();
         let pulse = self.pulse.as_ref().and_then(|p| p.silent_for(peer));
         Some(pulse.map_or(link, |p| p.min(link)))
+    }
+
+    /// Whether world rank `peer`'s host, when it is another, was heard within `within`: by this
+    /// rank on the link or pulses of any of its ranks, or by a host-mate (vouch.rs).
+    pub fn host_heard(&self, peer: u32, within: Duration) -> bool {
+        let host_of = |r: u32| self.hosts.get(r as usize).copied().flatten();
+        let Some(host) = host_of(peer).filter(|h| Some(*h) != host_of(self.rank)) else { return false };
+        let ranks = 0..self.hosts.len() as u32;
+        let own = ranks.filter(|&r| host_of(r) == Some(host)).filter_map(|r| self.silent_for(r)).min();
+        vouch::host_heard(own, self.shm.mates_heard(vouch::tag(&host)), within).heard()
     }
 
     /// Closes the connection to world rank `peer` after it sent something this rank refuses.

@@ -49,6 +49,7 @@ use crate::config::{Cma, Config, Transport, MAX_CHUNK_BYTES};
 use crate::error::{Error, ErrorKind, Result};
 use crate::mem::{PeerMaps, RegionRef};
 use crate::transport::placement::{self, here, Countdown};
+use crate::transport::vouch;
 use crate::wire::{FrameHeader, FrameKind, HEADER_LEN};
 
 pub(crate) use crate::transport::sink::{Out, Sink, WritePiece};
@@ -66,10 +67,14 @@ const SLOT_HEAD: usize = 64;
 const SLOT_BYTES: usize = SLOT_HEAD + SLOT_DATA;
 const SLOTS: u64 = 16;
 /// Ring control block: head, tail, data futex, space futex, CMA acknowledgements, the core the
-/// producer last ran on, each on its own cache line, then the states of the descriptors in flight.
-const CTRL: usize = CMA_STATES_AT + CMA_STATES as usize * 8;
+/// producer last ran on, each on its own cache line, then the states of the descriptors in flight,
+/// then when the producer last heard each remote host (vouch.rs).
+const CTRL: usize = HEARD_AT + vouch::SLOTS * 8;
 const CPU_AT: usize = 320;
 const CMA_STATES_AT: usize = 384;
+const HEARD_AT: usize = CMA_STATES_AT + CMA_STATES as usize * 8;
+// Slots begin on a cache line.
+const _: () = assert!(CTRL.is_multiple_of(64));
 /// Descriptors in flight whose state the control block can hold: more than a ring's slots plus
 /// the one being read, the most that can be unacknowledged (a descriptor's slot is released just
 /// before it is read).
@@ -275,6 +280,26 @@ impl Shm {
         }
     }
 
+    /// Publishes to every host-mate linked by shared memory when this rank last heard each remote
+    /// host: `heard` gives how long ago, by host tag (see vouch.rs).
+    pub fn publish_heard(&self, heard: impl IntoIterator<Item = (u32, Duration)>) {
+        let words = vouch::entries(clock_ms(), heard);
+        for (_, p) in self.linked() {
+            for (i, &w) in words.iter().enumerate() {
+                if p.tx.heard_word(i).load(Ordering::Relaxed) != w {
+                    p.tx.heard_word(i).store(w, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// How long ago any host-mate linked by shared memory last heard the host tagged `tag`.
+    pub fn mates_heard(&self, tag: u32) -> Option<Duration> {
+        let words =
+            self.linked().flat_map(|(_, p)| (0..vouch::SLOTS).map(|i| p.rx.heard_word(i).load(Ordering::Relaxed)));
+        vouch::mates_heard(clock_ms(), tag, words)
+    }
+
     /// No rank of the world may link with this one by shared memory, now or later.
     pub fn is_empty(&self) -> bool {
         self.local <= 1
@@ -387,4 +412,13 @@ impl crate::transport::channel::Channel for ShmChannel {
     ) -> Result<()> {
         self.shm.recv(key, &self.inbox, timeout, status, sink)
     }
+}
+
+/// Milliseconds of CLOCK_MONOTONIC: one clock for every process of this host.
+fn clock_ms() -> u64 {
+    // SAFETY: a timespec is plain integers (all zeroes valid), filled by the call.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid clock id and a timespec to fill; it cannot fail with these arguments.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1000 + u64::try_from(ts.tv_nsec).unwrap_or(0) / 1_000_000
 }

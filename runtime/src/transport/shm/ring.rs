@@ -63,6 +63,10 @@ impl Ring {
     pub(super) fn cpu_word(&self) -> &AtomicU32 {
         self.word32(CPU_AT)
     }
+    /// Entry `i` of the producer's table of remote hosts heard (vouch.rs).
+    pub(super) fn heard_word(&self, i: usize) -> &AtomicU64 {
+        self.word64(HEARD_AT + (i % vouch::SLOTS) * 8)
+    }
     /// Descriptor `n`'s state: `n << 2 | POSTED`, `READING` or `WITHDRAWN`. Both sides change
     /// it with compare-and-swap, so exactly one wins: the reader, which then reads, or the sender
     /// withdrawing it, after which the reader skips it.

@@ -168,6 +168,18 @@ fn each_side_says_where_it_runs_in_the_ring_it_produces() {
 }
 
 #[test]
+fn a_host_mate_reads_when_the_other_side_last_heard_each_remote_host() {
+    let (a, b) = pair(false, false);
+    assert_eq!(b.mates_heard(5), None, "nothing published yet");
+    a.publish_heard([(5, Duration::from_millis(300)), (6, Duration::from_millis(20))]);
+    let heard = |s: &Shm, tag| s.mates_heard(tag).map(|d| d.as_millis());
+    assert!(heard(&b, 5).is_some_and(|ms| (300..400).contains(&ms)), "{:?}", heard(&b, 5));
+    assert!(heard(&b, 6).is_some_and(|ms| ms < 100), "{:?}", heard(&b, 6));
+    assert_eq!(heard(&b, 7), None, "a host nobody heard");
+    assert_eq!(heard(&a, 5), None, "a rank reads its host-mates' tables, not its own");
+}
+
+#[test]
 fn a_descriptor_is_read_in_place_drained_or_withdrawn() {
     let bytes: Vec<u8> = (0..(CMA_PIECE * 2 + 12)).map(|i| (i * 7 % 251) as u8).collect();
     descriptors_in_every_state(&bytes, false);
