@@ -238,7 +238,7 @@ impl Communicator {
         // rebuilds) see the same figures on every rank.
         let costs = linkcost::agree(&net, size, id, cfg)?;
         let members = (0..size).collect();
-        let inner = CommInner::new(Arc::new(net), id, 0, rank, members, super::Setup::of(cfg, costs));
+        let inner = CommInner::new(net.shared(), id, 0, rank, members, super::Setup::of(cfg, costs));
         if rank == 0 {
             // Every rank has connected, so every rank checked this key before it exists.
             store.set(&join::formed_key(prefix), b"1")?;
