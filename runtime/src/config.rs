@@ -394,7 +394,7 @@ impl Config {
             if ms > MAX_TIMEOUT_MS {
                 return Err(Error::invalid(format!(
                     "HCCN_TIMEOUT_MS={ms} is more than {MAX_TIMEOUT_MS} (7 days): a deadline that never comes \
-                     turns a dead peer into a hang"
+                     makes a dead peer hang the job"
                 )));
             }
             c.timeout = Duration::from_millis(ms);
