@@ -51,6 +51,8 @@ fn elastic_training_survives_kill_9_and_matches_a_fault_free_run() {
     let env = [("LD_LIBRARY_PATH", lib_path.as_str())];
     let clean = launch::hccnrun(4, &exe, &["100"], &env, Duration::from_secs(120));
     assert_eq!(clean.code, Some(0), "{}", clean.describe());
+    let warned = warnings(&clean);
+    assert!(warned.is_empty(), "the fault-free run warned: {warned:#?}\n{}", clean.describe());
 
     let mut cmd = Command::new(launch::bin("hccnrun"));
     cmd.args(["--elastic", "-n", "4", "--"]).arg(&exe).arg("100");
