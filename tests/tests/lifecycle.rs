@@ -146,11 +146,13 @@ fn a_rank_out_of_descriptors_fails_as_itself_and_blames_no_healthy_peer() {
 #[test]
 fn ranks_started_with_different_world_sizes_are_told_both_sizes_at_once() {
     // hccnrun starts 3 ranks; a wrapper tells one of them the world has 2 (rank 1: among those
-    // rank 0 gathers; rank 0 itself: the others are outside its world).
+    // rank 0 gathers; rank 0 itself: the others are outside its world). The ranks ignore
+    // SIGTERM: when the first fails, hccnrun's stop leaves the others the second before
+    // SIGKILL to say why (they were sometimes stopped before they printed it).
     let info = launch::bin("hccn-info");
     for odd in ["1", "0"] {
         let script = format!(
-            "if [ \"$HCCN_RANK\" = {odd} ]; then export HCCN_WORLD_SIZE=2; fi; exec {} --resources",
+            "if [ \"$HCCN_RANK\" = {odd} ]; then export HCCN_WORLD_SIZE=2; fi; trap '' TERM; exec {} --resources",
             info.display()
         );
         let mut cmd = std::process::Command::new(launch::bin("hccnrun"));
