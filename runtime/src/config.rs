@@ -46,7 +46,7 @@ pub const VARIABLES: &[Variable] = &[
     Variable { name: "HCCN_LOCAL_RANK", default: DefaultIs::Text("`HCCN_RANK`"), meaning: "Rank among the processes on this host." },
     Variable { name: "HCCN_LOCAL_WORLD_SIZE", default: DefaultIs::Text("`HCCN_WORLD_SIZE`"), meaning: "Number of ranks on this host." },
     Variable { name: "HCCN_STORE", default: DefaultIs::Text("(set by hccnrun)"), meaning: "Rendezvous store, `tcp://host:port` (the embedded store hosted by hccnrun) or `etcd://host:port[,...]`. Under another launcher it overrides where the ranks would meet (docs/launchers.md)." },
-    Variable { name: "HCCN_JOB_ID", default: DefaultIs::Text("`default`"), meaning: "Job name; namespaces the job's keys in the store." },
+    Variable { name: "HCCN_JOB_ID", default: DefaultIs::Text("`default`"), meaning: "Job name; namespaces the job's keys in the store, so ranks meet only ranks of the same job id (a rank that waits alone names the one it waited under)." },
     Variable { name: "HCCN_JOB_TOKEN", default: DefaultIs::Text("(from the job)"), meaning: "Shared secret for the HMAC-SHA256 challenge-response on every store and peer connection; hccnrun makes a fresh one per job, a PMIx job a fresh one through PMIx; under other launchers it is derived from the launcher's job id, which keeps jobs apart but is no secret: set it (the same on every rank) to keep other users of the hosts out." },
     Variable { name: "HCCN_TIMEOUT_MS", default: DefaultIs::Value(|c| c.timeout.as_millis().to_string()), meaning: "Deadline of every wait (connect, rendezvous, each receive); exceeded waits fail with `HCCN_ERROR_TIMEOUT`, naming the rank waited for. A small collective on one host that waits for a late rank warns once, naming it, after half of this (at most 10 s). Like `HCCL_EXEC_TIMEOUT`, in ms; at most 604800000 (7 days)." },
     Variable { name: "HCCN_BIND_ADDR", default: DefaultIs::Value(|c| c.bind_addr.to_string()), meaning: "Address that ranks and the embedded store listen on (never all interfaces unless asked). Under a launcher other than hccnrun, when unset, each rank listens on its own address towards the store, and rank 0's store on the address the launcher names (docs/launchers.md)." },
@@ -394,7 +394,7 @@ impl Config {
             if ms > MAX_TIMEOUT_MS {
                 return Err(Error::invalid(format!(
                     "HCCN_TIMEOUT_MS={ms} is more than {MAX_TIMEOUT_MS} (7 days): a deadline that never comes \
-                     turns a dead peer into a hang"
+                     makes a dead peer hang the job"
                 )));
             }
             c.timeout = Duration::from_millis(ms);

@@ -6,8 +6,11 @@
 use crate::error::{Error, ErrorKind, Result};
 
 pub const MAGIC: u32 = 0x4843_434e; // "HCCN"
-/// Version 2 added the fingerprint.
-pub const VERSION: u16 = 2;
+/// hccn's protocol: of this header, of the hello after a handshake and of the records ranks
+/// publish in the store (rendezvous/ondemand.rs), which name it first so that ranks running
+/// another protocol are told so when they meet. Version 2 added the fingerprint; 3 named the
+/// protocol in the records.
+pub const VERSION: u16 = 3;
 pub const HEADER_LEN: usize = 64;
 
 /// What every rank's call of one operation must agree on (`collectives::fingerprint` makes and

@@ -162,11 +162,13 @@ fn a_rank_out_of_descriptors_fails_as_itself_and_blames_no_healthy_peer() {
 #[test]
 fn ranks_started_with_different_world_sizes_are_told_both_sizes_at_once() {
     // hccnrun starts 3 ranks; a wrapper tells one of them the world has 2 (rank 1: among those
-    // rank 0 gathers; rank 0 itself: the others are outside its world).
+    // rank 0 gathers; rank 0 itself: the others are outside its world). The ranks ignore
+    // SIGTERM: when the first fails, hccnrun's stop leaves the others the second before
+    // SIGKILL to say why (they were sometimes stopped before they printed it).
     let info = launch::bin("hccn-info");
     for odd in ["1", "0"] {
         let script = format!(
-            "if [ \"$HCCN_RANK\" = {odd} ]; then export HCCN_WORLD_SIZE=2; fi; exec {} --resources",
+            "if [ \"$HCCN_RANK\" = {odd} ]; then export HCCN_WORLD_SIZE=2; fi; trap '' TERM; exec {} --resources",
             info.display()
         );
         let mut cmd = std::process::Command::new(launch::bin("hccnrun"));
@@ -183,5 +185,68 @@ fn ranks_started_with_different_world_sizes_are_told_both_sizes_at_once() {
         assert!(told >= 2 && (both("3", "2") || both("2", "3")), "{what}");
         // Well before the 20 s deadline that used to be the only answer.
         assert!(secs < 10.0, "took {secs:.1} s: {what}");
+    }
+}
+
+/// Lines of `out` (stdout and stderr, each prefixed `[r]` by hccnrun) that rank `rank` printed.
+fn lines_of(out: &launch::Outcome, rank: u32) -> Vec<String> {
+    let prefix = format!("[{rank}] ");
+    out.stdout.lines().chain(out.stderr.lines()).filter(|l| l.starts_with(&prefix)).map(str::to_owned).collect()
+}
+
+#[test]
+fn a_rank_of_another_hccn_protocol_is_named_by_every_rank_at_once() {
+    // hccnrun starts 3 ranks; one of them publishes the record of a future protocol (99) and
+    // nothing else (tests/src/bin/hccn-other-protocol.rs): rank 1 (whose record rank 0 reads),
+    // then rank 0 (whose record the others read). The real ranks ignore SIGTERM, so that when
+    // the first of them fails, hccnrun's stop leaves the others the second before SIGKILL to
+    // say why.
+    let (info, other) = (launch::bin("hccn-info"), env!("CARGO_BIN_EXE_hccn-other-protocol"));
+    let ours = format!("runs protocol {} (hccn {})", hccn_runtime::wire::VERSION, env!("CARGO_PKG_VERSION"));
+    for odd in [1u32, 0] {
+        let script = format!(
+            "if [ \"$HCCN_RANK\" = {odd} ]; then exec {other} 'hccn/99 9.9.9 a layout of protocol 99'; fi; \
+             trap '' TERM; exec {} --resources",
+            info.display()
+        );
+        let mut cmd = std::process::Command::new(launch::bin("hccnrun"));
+        cmd.args(["-n", "3", "sh", "-c", &script]).env("HCCN_TIMEOUT_MS", "20000");
+        let out = launch::run(cmd, Duration::from_secs(60));
+        let what = format!("rank {odd} of protocol 99: {}", out.describe());
+        assert_ne!(out.code, Some(0), "{what}");
+        for rank in (0..3).filter(|&r| r != odd) {
+            let told = lines_of(&out, rank).into_iter().find(|l| l.contains("hccn versions differ"));
+            let told = told.unwrap_or_else(|| panic!("rank {rank} did not say: {what}"));
+            assert!(told.contains(&format!("rank {odd} runs protocol 99 (hccn 9.9.9)")), "{told}\n{what}");
+            // Rank 0's words where rank 0 found it first.
+            assert!(told.contains(&ours), "{told}\n{what}");
+        }
+        // Well before the 20 s deadline that used to be the only answer.
+        assert!(out.elapsed < Duration::from_secs(10), "{what}");
+    }
+}
+
+#[test]
+fn a_rank_that_waits_alone_under_another_job_id_names_the_job_id() {
+    // hccnrun gives every rank its job's id; a wrapper gives rank 1 another, so the two ranks
+    // wait in different places in the store and never meet. The rank that gives up first (a
+    // 2 s deadline, the other's is 60 s) names the job id it waited under.
+    let info = launch::bin("hccn-info");
+    for (short, job) in [(1u32, "\"elsewhere\""), (0, "\"job-")] {
+        let script = format!(
+            "if [ \"$HCCN_RANK\" = 1 ]; then export HCCN_JOB_ID=elsewhere; fi; \
+             if [ \"$HCCN_RANK\" = {short} ]; then export HCCN_TIMEOUT_MS=2000; fi; exec {} --resources",
+            info.display()
+        );
+        let mut cmd = std::process::Command::new(launch::bin("hccnrun"));
+        cmd.args(["-n", "2", "sh", "-c", &script]).env("HCCN_TIMEOUT_MS", "60000");
+        let out = launch::run(cmd, Duration::from_secs(60));
+        let what = format!("rank {short} gave up first: {}", out.describe());
+        assert_ne!(out.code, Some(0), "{what}");
+        let told = lines_of(&out, short).into_iter().find(|l| l.contains("did not meet"));
+        let told = told.unwrap_or_else(|| panic!("rank {short} did not say: {what}"));
+        assert!(told.contains(&format!("waited under job id {job}")), "{told}\n{what}");
+        assert!(told.contains("ranks started with another job id") && told.contains("HCCN_JOB_ID"), "{told}\n{what}");
+        assert!(out.elapsed < Duration::from_secs(30), "{what}");
     }
 }

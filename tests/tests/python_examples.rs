@@ -23,6 +23,12 @@ fn run_example(file: &str, n: u32, hccnrun_args: &[&str], env: &[(&str, &str)]) 
 fn run_plain(file: &str, n: u32) {
     let out = run_example(file, n, &[], &[]);
     assert!(out.stdout.contains("step 1"), "{file} printed no per-step log: {}", out.describe());
+    // A healthy run is quiet: no warning of the library, no peer failed or slow link (the
+    // examples leave torch to end the group at exit, as most scripts do).
+    let signs = [" WARN ", "peer failed", "slow link"];
+    let warned: Vec<&str> =
+        out.stdout.lines().chain(out.stderr.lines()).filter(|l| signs.iter().any(|s| l.contains(s))).collect();
+    assert!(warned.is_empty(), "{file} warned in a healthy run: {warned:#?}\n{}", out.describe());
 }
 
 #[test]

@@ -62,7 +62,9 @@ pub struct Place<'a> {
 pub fn place(hosts: &[Host], nranks: u32, rank: u32) -> Result<Place<'_>, String> {
     let total: u32 = hosts.iter().map(|h| h.slots).sum();
     if nranks > total {
-        return Err(format!("{nranks} ranks do not fit the host file's {total} slots"));
+        return Err(format!(
+            "{nranks} ranks do not fit the host file, whose hosts take {total} (slots=N each, 1 by default)"
+        ));
     }
     let mut first = 0;
     for (node, h) in hosts.iter().enumerate() {

@@ -196,7 +196,7 @@ pub fn report(hosts: &[String], links: &[f64], plan: Planner<'_>, reads: Option<
     }
     out.push(reads_line(reads));
     out.push(format!(
-        "# algorithm per operation and buffer size on these {n} ranks (the board, then the cost model of select.rs)"
+        "# algorithm per operation and buffer size on these {n} ranks (small calls of ranks on one host: one round on shared memory; the others: the cost model, docs/algorithms.md)"
     ));
     let mut head = format!("{:<22}", "op");
     SIZES.iter().for_each(|&s| head.push_str(&format!(" {:>16}", size_label(s))));

@@ -162,7 +162,7 @@ fn make(ctx: &Ctx<'_>) -> Result<Option<Board>> {
                     .open_board(&path, n, me)
                     .map_err(|e| {
                         crate::transport::fell_back(
-                            &format!("the small-collective board ({path})"),
+                            &format!("the shared memory of small collectives ({path})"),
                             &e,
                             "small collectives use messages",
                         )
@@ -214,7 +214,7 @@ fn create(ctx: &Ctx<'_>) -> (Option<Board>, [u8; NAME_MSG]) {
         .create_board(&path, ctx.size(), ctx.rank())
         .map_err(|e| {
             crate::transport::fell_back(
-                &format!("the small-collective board ({path})"),
+                &format!("the shared memory of small collectives ({path})"),
                 &e,
                 "small collectives use messages",
             )
@@ -260,7 +260,7 @@ fn on_board(
     mut each: impl FnMut(u32, &[u8], &mut [u8]),
 ) -> Result<()> {
     let (Some(turn), Some(board)) = (ctx.turn(), ctx.board_cell().made()) else {
-        return Err(Error::internal("a board call without a board"));
+        return Err(Error::internal("a small collective ran on shared memory that was never set up"));
     };
     // Taken at the first stall: most calls never stall, and need no clock.
     let mut since = None;

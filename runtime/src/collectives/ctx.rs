@@ -119,7 +119,7 @@ impl<'a> Ctx<'a> {
         match board.goes(self.fp) == board.goes(theirs) {
             true => e,
             false => e.context(format!(
-                "{}: one rank went to the shared-memory board, another to messages",
+                "{}: one rank ran the call on shared memory, another with messages",
                 super::team::BROKEN_MARK
             )),
         }

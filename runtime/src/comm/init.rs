@@ -149,7 +149,7 @@ impl Communicator {
             cfg: cfg.clone(),
             keep: Mutex::new(keep),
         };
-        Communicator::bootstrap(&store, Arc::new(origin), rank, nranks)
+        Communicator::bootstrap(&store, Arc::new(origin), rank, nranks, None)
     }
 
     /// Joins the world described by the launcher's environment (config/launcher.rs), meeting
@@ -208,7 +208,7 @@ impl Communicator {
                 tracing::debug!(generation = entered.generation, prefix = %prefix, "entered the job's run");
                 let origin = Arc::new(origin(prefix));
                 hold(&origin, entered.presence);
-                return Communicator::bootstrap(store, origin, env.rank, env.world_size);
+                return Communicator::bootstrap(store, origin, env.rank, env.world_size, Some(&env.job_id));
             }
             // Someone entered or started a run since `seen`: look again.
             if Instant::now() >= deadline {
@@ -221,15 +221,24 @@ impl Communicator {
         }
     }
 
-    fn bootstrap(store: &dyn Store, origin: Arc<Origin>, rank: u32, size: u32) -> Result<Communicator> {
+    /// Forms the world of `size` ranks under the origin's prefix, in `job` (the job id, where
+    /// one names the world).
+    fn bootstrap(
+        store: &dyn Store,
+        origin: Arc<Origin>,
+        rank: u32,
+        size: u32,
+        job: Option<&str>,
+    ) -> Result<Communicator> {
         let (prefix, cfg) = (&origin.prefix, &origin.cfg);
         let id = derive_id(&[prefix.as_bytes(), &size.to_le_bytes()]);
-        let net = bootstrap::connect_mesh(rank, size, store, prefix, id, &origin.token, cfg)?;
+        let at = bootstrap::Place { prefix, job };
+        let net = bootstrap::connect_mesh(rank, size, store, at, id, &origin.token, cfg)?;
         // Before any communicator exists, so that all of them (sub-communicators, shrinks,
         // rebuilds) see the same figures on every rank.
         let costs = linkcost::agree(&net, size, id, cfg)?;
         let members = (0..size).collect();
-        let inner = CommInner::new(Arc::new(net), id, 0, rank, members, super::Setup::of(cfg, costs));
+        let inner = CommInner::new(net.shared(), id, 0, rank, members, super::Setup::of(cfg, costs));
         if rank == 0 {
             // Every rank has connected, so every rank checked this key before it exists.
             store.set(&join::formed_key(prefix), b"1")?;

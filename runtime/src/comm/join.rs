@@ -195,7 +195,7 @@ impl Communicator {
             links[peer as usize] = Some(tcp::start_link(sock, peer, &inbox, cfg)?);
         }
         let pulse = crate::transport::pulse::Pulse::open(cfg.bind_addr, token);
-        let net = Arc::new(Net::new(rank, links, inbox, pulse, Default::default(), cfg, None));
+        let net = Net::new(rank, links, inbox, pulse, Default::default(), cfg, None).shared();
         let inner = CommInner::new(
             net,
             adm.id,

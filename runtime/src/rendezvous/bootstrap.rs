@@ -14,6 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::ondemand::{self, Record, ON_DEMAND};
+pub(crate) use super::roster::Place;
+use super::roster::{gather_roster, parse_record, read_roster};
 use super::Store;
 use crate::auth::{self, Purpose};
 use crate::config::{Config, Transport};
@@ -253,13 +255,13 @@ type Started = (Vec<Option<Arc<dyn Link>>>, shm::Shm, Vec<Option<shm::HostId>>);
 
 /// Forms world `size`: publish our record, connect to the lower ranks and accept the higher
 /// ones (every pair, or in a world that connects on demand the pairs `ondemand::eager` names),
-/// set up shared memory with the peers on this host. `prefix` namespaces the store keys; `mesh`
+/// set up shared memory with the peers on this host. `at` namespaces the store keys; `mesh`
 /// is checked in every hello.
 pub(crate) fn connect_mesh(
     rank: u32,
     size: u32,
     store: &dyn Store,
-    prefix: &str,
+    at: Place<'_>,
     mesh: u64,
     token: &[u8],
     cfg: &Config,
@@ -270,8 +272,8 @@ pub(crate) fn connect_mesh(
         .map_err(|e| Error::io(ErrorKind::System, format!("listen on {}", cfg.bind_addr), &e))?;
     let addr = listener.local_addr().map_err(|e| Error::io(ErrorKind::System, "listen address", &e))?;
     let mine = Record::mine(addr, size, cfg);
-    store.set(&addr_key(prefix, rank), mine.encode().as_bytes())?;
-    let w = Meeting { rank, size, store, prefix, mesh, token, cfg };
+    store.set(&at.addr_key(rank), mine.encode().as_bytes())?;
+    let w = Meeting { rank, size, store, at, mesh, token, cfg };
     let (records, sockets) = w.meet(&listener, &mine)?;
 
     let inbox = Arc::new(Inbox::default());
@@ -290,7 +292,7 @@ struct Meeting<'a> {
     rank: u32,
     size: u32,
     store: &'a dyn Store,
-    prefix: &'a str,
+    at: Place<'a>,
     mesh: u64,
     token: &'a [u8],
     cfg: &'a Config,
@@ -299,14 +301,14 @@ struct Meeting<'a> {
 impl Meeting<'_> {
     /// Every rank's record, and authenticated sockets to the peers the world forms with.
     fn meet(&self, listener: &TcpListener, mine: &Record) -> Result<(Vec<Record>, Sockets)> {
-        let Meeting { rank, size, store, prefix, mesh, token, cfg } = *self;
+        let Meeting { rank, size, store, at, mesh, token, cfg } = *self;
         let expected = Expected::later()?;
         std::thread::scope(|s| {
             // Accepting before the roster is read: a rank that reads it sooner connects at once.
             let acceptor = s.spawn(|| accept_peers(listener, mesh, (rank + 1..size, &expected), size, token, cfg));
             let records = match rank {
-                0 => gather_roster(store, prefix, size, mine, cfg),
-                _ => read_roster(store, prefix, (rank, size), mine, cfg),
+                0 => gather_roster(store, at, size, mine, cfg),
+                _ => read_roster(store, at, (rank, size), mine, cfg),
             };
             let records = match records {
                 Ok(r) => r,
@@ -325,7 +327,7 @@ impl Meeting<'_> {
                 let asked = std::cell::Cell::new(false);
                 let resolve = || match asked.replace(true) {
                     false => Ok(records[peer as usize].addr),
-                    true => parse_record(&store.get(&addr_key(prefix, peer), cfg.timeout)?, peer).map(|r| r.addr),
+                    true => parse_record(&store.get(&at.addr_key(peer), cfg.timeout)?, (peer, rank)).map(|r| r.addr),
                 };
                 connected.push((peer, connect_peer(&resolve, peer, mesh, rank, size, token, cfg)?));
             }
@@ -369,130 +371,12 @@ impl Meeting<'_> {
     }
 }
 
-fn addr_key(prefix: &str, rank: u32) -> String {
-    format!("{prefix}/addr/{rank}")
-}
-
-fn roster_key(prefix: &str) -> String {
-    format!("{prefix}/roster")
-}
-
-fn parse_record(raw: &[u8], rank: u32) -> Result<Record> {
-    let text = String::from_utf8_lossy(raw);
-    Record::parse(&text).ok_or_else(|| Error::new(ErrorKind::Store, format!("bad record {text:?} for rank {rank}")))
-}
-
-/// World rank 0: every rank's record (its own is `mine`), gathered from the store and
-/// published as the roster, one record per line in rank order.
-fn gather_roster(store: &dyn Store, prefix: &str, size: u32, mine: &Record, cfg: &Config) -> Result<Vec<Record>> {
-    let mut roster = vec![mine.clone()];
-    for peer in 1..size {
-        let record = own_record(store, prefix, (peer, size), cfg)?;
-        if record.size != size {
-            let e = sizes_differ(0, size, peer, record.size);
-            // In the roster's place: the others read it at once instead of waiting for one.
-            let _ = store.set(&roster_key(prefix), format!("{SIZES_DIFFER}{}", e.message()).as_bytes());
-            return Err(e);
-        }
-        roster.push(record);
-    }
-    let text: Vec<String> = roster.iter().map(Record::encode).collect();
-    store.set(&roster_key(prefix), text.join("\n").as_bytes())?;
-    Ok(roster)
-}
-
-/// Any other rank: the roster world rank 0 published (see [`gather_roster`]). A roster that does
-/// not hold this rank's own record (`mine`) is a previous run's, left under the same prefix, or
-/// one rank 0 gathered before this rank published: then each rank's own record is read instead.
-/// A record rank 0 read before its rank replaced it is a previous run's too: a connection that
-/// fails asks for the peer's own record, as it always did.
-fn read_roster(
-    store: &dyn Store,
-    prefix: &str,
-    (rank, size): (u32, u32),
-    mine: &Record,
-    cfg: &Config,
-) -> Result<Vec<Record>> {
-    let raw = match store.get(&roster_key(prefix), cfg.timeout) {
-        Ok(raw) => raw,
-        Err(e) if e.kind() == ErrorKind::Timeout => return Err(missing_ranks(store, prefix, size, cfg)),
-        Err(e) => return Err(e),
-    };
-    let text = String::from_utf8_lossy(&raw);
-    if let Some(why) = text.strip_prefix(SIZES_DIFFER) {
-        return Err(Error::invalid(why.to_owned()));
-    }
-    let roster: Vec<Option<Record>> = text.split('\n').map(Record::parse).collect();
-    // Rank 0's own record comes first: a world of another size is not this rank's to wait for.
-    if let Some(Some(first)) = roster.first().filter(|_| roster.len() != size as usize) {
-        if first.size != size && first.size as usize == roster.len() {
-            return Err(sizes_differ(rank, size, 0, first.size));
-        }
-    }
-    let roster = match roster.len() == size as usize && roster[rank as usize].as_ref() == Some(mine) {
-        true => roster,
-        false => vec![None; size as usize],
-    };
-    let own = |(peer, r): (usize, Option<Record>)| match r {
-        Some(r) => Ok(r),
-        None if peer as u32 == rank => Ok(mine.clone()),
-        None => own_record(store, prefix, (peer as u32, size), cfg),
-    };
-    roster.into_iter().enumerate().map(own).collect()
-}
-
-/// World rank `peer`'s own record, waited for while the store holds none or one this version
-/// cannot read (a previous run's, until the peer publishes its own).
-fn own_record(store: &dyn Store, prefix: &str, (peer, size): (u32, u32), cfg: &Config) -> Result<Record> {
-    let deadline = Instant::now() + cfg.timeout;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let raw = match store.get(&addr_key(prefix, peer), left) {
-            Ok(raw) => raw,
-            Err(e) if e.kind() == ErrorKind::Timeout => return Err(missing_ranks(store, prefix, size, cfg)),
-            Err(e) => return Err(e),
-        };
-        match parse_record(&raw, peer) {
-            Err(e) if Instant::now() >= deadline => return Err(e),
-            Err(_) => std::thread::sleep(Duration::from_millis(10)),
-            ok => return ok,
-        }
-    }
-}
-
-/// What rank 0 publishes instead of the roster when a rank's world size differs from its own.
-const SIZES_DIFFER: &str = "sizes differ: ";
-
-/// The error of ranks started with different world sizes: `rank` (this one) with `size`,
-/// `other` with `other_size`.
-fn sizes_differ(rank: u32, size: u32, other: u32, other_size: u32) -> Error {
-    Error::invalid(format!(
-        "world sizes differ: rank {rank} was started with a world of {size} ranks, rank {other} with \
-         {other_size}; start every rank with the same world size (hccnrun -n, WORLD_SIZE, HCCN_WORLD_SIZE, \
-         the launcher's task count)"
-    ))
-}
-
-/// The error of a world that did not meet in time: which ranks never published their address
-/// (one look each, on this path only).
-fn missing_ranks(store: &dyn Store, prefix: &str, size: u32, cfg: &Config) -> Error {
-    let missing: Vec<u32> = (0..size).filter(|&r| store.get(&addr_key(prefix, r), Duration::ZERO).is_err()).collect();
-    if missing.is_empty() {
-        return Error::timeout(format!(
-            "world rank 0 did not publish the roster of addresses within {} ms, though every rank published its own",
-            cfg.timeout.as_millis()
-        ));
-    }
-    Error::timeout(format!(
-        "the world of {size} ranks did not meet within {} ms: ranks {missing:?} never published their address \
-         (did they start, with the same store and world size?)",
-        cfg.timeout.as_millis()
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Where the test worlds meet.
+    const AT_W: Place<'static> = Place { prefix: "w", job: None };
 
     /// A store that counts the reads each rank makes.
     struct Counting {
@@ -541,7 +425,7 @@ mod tests {
                         let inner = crate::rendezvous::TcpStore::connect(server.local_addr(), token, cfg.timeout)
                             .expect("store connection");
                         let store = Counting { inner, gets: Default::default() };
-                        let net = connect_mesh(rank, size, &store, "w", 99, token, cfg).expect("mesh");
+                        let net = connect_mesh(rank, size, &store, AT_W, 99, token, cfg).expect("mesh");
                         assert_eq!(net.links.all().len(), size as usize - 1, "rank {rank} reaches every peer");
                         let reads = store.gets.load(Ordering::SeqCst);
                         // Every rank's mesh stays up until all have counted.
@@ -553,7 +437,8 @@ mod tests {
             done.into_iter().map(|(_, reads)| reads).collect()
         });
         assert_eq!(reads[0], size as usize - 1, "rank 0 reads each other rank's address once");
-        assert!(reads[1..].iter().all(|&r| r == 1), "every other rank reads the roster alone: {reads:?}");
+        let alone = "every other rank reads rank 0's record (its protocol) and the roster alone";
+        assert!(reads[1..].iter().all(|&r| r == 2), "{alone}: {reads:?}");
     }
 
     #[test]
@@ -566,9 +451,9 @@ mod tests {
         let gone = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("address");
         for stale_size in [4, 3] {
             let stale = vec![gone.to_string(); stale_size].join("\n");
-            old.set(&roster_key("w"), stale.as_bytes()).expect("set");
+            old.set(&AT_W.roster_key(), stale.as_bytes()).expect("set");
             for r in 0..4 {
-                old.set(&addr_key("w", r), gone.to_string().as_bytes()).expect("set");
+                old.set(&AT_W.addr_key(r), gone.to_string().as_bytes()).expect("set");
             }
             forms_despite_stale_records(&server, token, &cfg);
         }
@@ -588,7 +473,7 @@ mod tests {
                         }
                         let store = crate::rendezvous::TcpStore::connect(server.local_addr(), token, cfg.timeout)
                             .expect("store connection");
-                        connect_mesh(rank, 3, &store, "w", 99, token, cfg).map(|net| net.links.all().len())
+                        connect_mesh(rank, 3, &store, AT_W, 99, token, cfg).map(|net| net.links.all().len())
                     })
                 })
                 .collect();
@@ -611,7 +496,7 @@ mod tests {
                     s.spawn(move || {
                         let store = crate::rendezvous::TcpStore::connect(server.local_addr(), token, cfg.timeout)
                             .expect("store connection");
-                        connect_mesh(rank, 3, &store, "w", 99, token, cfg).err().expect("the world cannot meet")
+                        connect_mesh(rank, 3, &store, AT_W, 99, token, cfg).err().expect("the world cannot meet")
                     })
                 })
                 .collect();
@@ -621,6 +506,54 @@ mod tests {
             assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
             assert!(e.message().contains("ranks [2] never published their address"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_rank_of_another_protocol_is_named_by_every_rank_at_once() {
+        let token = b"job token";
+        let (server, cfg) = store_for_threads(token, Duration::from_secs(20));
+        // The rank of another protocol is rank 1 (rank 0 reads its record), then rank 0 (the
+        // others read its record first): it publishes its record and nothing else.
+        for (other, prefix) in [(1u32, "p1"), (0, "p0")] {
+            let at = Place { prefix, job: None };
+            let elder = crate::rendezvous::TcpStore::connect(server.local_addr(), token, cfg.timeout).expect("store");
+            elder.set(&at.addr_key(other), b"hccn/99 9.9.9 a layout this protocol does not know").expect("set");
+            let started = Instant::now();
+            let errors: Vec<Error> = std::thread::scope(|s| {
+                let ranks: Vec<_> = (0..3u32)
+                    .filter(|&r| r != other)
+                    .map(|rank| {
+                        let (server, cfg) = (&server, &cfg);
+                        s.spawn(move || {
+                            let store = crate::rendezvous::TcpStore::connect(server.local_addr(), token, cfg.timeout)
+                                .expect("store connection");
+                            connect_mesh(rank, 3, &store, at, 99, token, cfg).err().expect("no world across protocols")
+                        })
+                    })
+                    .collect();
+                ranks.into_iter().map(|h| h.join().expect("rank")).collect()
+            });
+            let ours = format!("protocol {} (hccn {})", ondemand::PROTOCOL, env!("CARGO_PKG_VERSION"));
+            for e in errors {
+                assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+                let m = e.message();
+                assert!(m.contains(&format!("rank {other} runs protocol 99 (hccn 9.9.9)")) && m.contains(&ours), "{e}");
+            }
+            assert!(started.elapsed() < Duration::from_secs(5), "waited for the deadline: {:?}", started.elapsed());
+        }
+    }
+
+    #[test]
+    fn a_rank_that_waits_alone_names_the_job_id_it_waited_under() {
+        let token = b"job token";
+        let (server, cfg) = store_for_threads(token, Duration::from_millis(300));
+        let store = crate::rendezvous::TcpStore::connect(server.local_addr(), token, cfg.timeout).expect("store");
+        let at = Place { prefix: "job/mine/g1/world0", job: Some("mine") };
+        let e = connect_mesh(1, 2, &store, at, 99, token, &cfg).err().expect("rank 0 never comes");
+        assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+        let m = e.message();
+        assert!(m.contains("ranks [0] never published") && m.contains("job id \"mine\" (HCCN_JOB_ID)"), "{e}");
+        assert!(m.contains("another job id"), "{e}");
     }
 
     #[test]

@@ -5,6 +5,7 @@ pub(crate) mod bootstrap;
 pub(crate) mod meet;
 pub(crate) mod ondemand;
 pub mod pmix;
+mod roster;
 pub mod runs;
 mod tcp_store;
 mod unique_id;

@@ -34,6 +34,48 @@ use crate::transport::{Connector, Dialed, OnDemand};
 /// again.
 pub(crate) const ON_DEMAND: u32 = 1 << 31;
 
+/// The protocol of the records, hellos and frames ranks exchange ([`crate::wire::VERSION`]).
+pub(crate) const PROTOCOL: u16 = crate::wire::VERSION;
+/// How every record starts, whatever its protocol: `hccn/<protocol> <hccn version> ...`. The
+/// rest may change from one protocol to the next; these two fields never do, so that a rank
+/// can tell a peer of another protocol from a record it merely cannot read yet.
+const TAG: &str = "hccn/";
+
+/// Another hccn's protocol, as its record names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Protocol {
+    pub number: u16,
+    /// The hccn version that wrote the record (records of protocol 2 do not say).
+    pub hccn: Option<String>,
+}
+
+impl std::fmt::Display for Protocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.hccn {
+            Some(v) => write!(f, "protocol {} (hccn {v})", self.number),
+            None => write!(f, "protocol {} or older", self.number),
+        }
+    }
+}
+
+impl Protocol {
+    /// This build's.
+    pub fn ours() -> Protocol {
+        Protocol { number: PROTOCOL, hccn: Some(env!("CARGO_PKG_VERSION").to_owned()) }
+    }
+}
+
+/// A rank's record in the store, as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Published {
+    /// A record of this protocol.
+    Ours(Record),
+    /// A record of another protocol: a rank running another hccn.
+    Other(Protocol),
+    /// Neither: what a previous run left under the same keys, say.
+    Unreadable,
+}
+
 /// What a rank publishes about itself (see the module's documentation).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Record {
@@ -61,14 +103,48 @@ impl Record {
         }
     }
 
+    /// `hccn/<protocol> <hccn version>`, then the fields of this protocol (see [`Published`]).
     pub fn encode(&self) -> String {
         let host: String = self.host.iter().map(|b| format!("{b:02x}")).collect();
         let shm = u8::from(self.shm);
         let (w, m, n) = (self.watched, self.full_mesh_up_to, self.size);
-        format!("{} {:x} {host} {shm} {w} {m} {n}", self.addr, self.incarnation)
+        let (p, v) = (PROTOCOL, env!("CARGO_PKG_VERSION"));
+        format!("{TAG}{p} {v} {} {:x} {host} {shm} {w} {m} {n}", self.addr, self.incarnation)
     }
 
+    /// What a rank's record says: its protocol is read first, whatever follows it.
+    pub fn read(text: &str) -> Published {
+        let Some(tagged) = text.strip_prefix(TAG) else {
+            // Protocol 2 wrote the fields alone: 6 of them, then 7 once world sizes were exchanged.
+            let legacy = Record::fields(text).is_some() || Record::fields(&format!("{text} 0")).is_some();
+            return match legacy {
+                true => Published::Other(Protocol { number: 2, hccn: None }),
+                false => Published::Unreadable,
+            };
+        };
+        let mut f = tagged.splitn(3, ' ');
+        let (Some(Ok(number)), Some(hccn)) = (f.next().map(str::parse::<u16>), f.next()) else {
+            return Published::Unreadable;
+        };
+        if number != PROTOCOL {
+            return Published::Other(Protocol { number, hccn: Some(hccn.to_owned()) });
+        }
+        match f.next().and_then(Record::fields) {
+            Some(record) => Published::Ours(record),
+            None => Published::Unreadable,
+        }
+    }
+
+    /// A record of this protocol (`None` for anything else).
     pub fn parse(text: &str) -> Option<Record> {
+        match Record::read(text) {
+            Published::Ours(record) => Some(record),
+            _ => None,
+        }
+    }
+
+    /// The fields after the protocol and version.
+    fn fields(text: &str) -> Option<Record> {
         let mut f = text.split(' ');
         let addr = f.next()?.parse().ok()?;
         let incarnation = u64::from_str_radix(f.next()?, 16).ok()?;
@@ -376,6 +452,26 @@ mod tests {
         assert_eq!(Record::parse("127.0.0.1:1"), None);
         assert_eq!(Record::parse(&format!("{} extra", r.encode())), None);
         assert_eq!(Record::parse(&r.encode().replace(" 1 ", " 2 ")), None);
+    }
+
+    #[test]
+    fn a_record_of_another_protocol_is_named_by_it_whatever_follows() {
+        let r = record(4242, 7, true);
+        let ours = r.encode();
+        assert!(ours.starts_with(&format!("hccn/{PROTOCOL} {} ", env!("CARGO_PKG_VERSION"))), "{ours}");
+        assert_eq!(Record::read(&ours), Published::Ours(r.clone()));
+        let other = |number, hccn: &str| Published::Other(Protocol { number, hccn: Some(hccn.to_owned()) });
+        assert_eq!(Record::read("hccn/99 9.9.9 fields of another layout"), other(99, "9.9.9"));
+        assert_eq!(Record::read("hccn/99 9.9.9"), other(99, "9.9.9"));
+        // Protocol 2 wrote the fields alone: 7 of them (6 before world sizes were exchanged).
+        let fields = ours.splitn(3, ' ').nth(2).expect("fields").to_owned();
+        let legacy = Published::Other(Protocol { number: 2, hccn: None });
+        assert_eq!(Record::read(&fields), legacy);
+        assert_eq!(Record::read(fields.rsplit_once(' ').expect("size").0), legacy);
+        assert_eq!(Record::read("127.0.0.1:1"), Published::Unreadable);
+        assert_eq!(Record::read("hccn/x 1.0 ..."), Published::Unreadable);
+        assert_eq!(Record::read(&format!("{ours} extra")), Published::Unreadable);
+        assert_eq!(Protocol::ours().to_string(), format!("protocol {PROTOCOL} (hccn {})", env!("CARGO_PKG_VERSION")));
     }
 
     #[test]

@@ -253,7 +253,9 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         if !make_room(&shared, &peer) {
             RefusalLog::note(
                 &shared.log,
-                format_args!("refused a connection from {peer}: no handshake slot came free"),
+                format_args!(
+                    "refused a connection from {peer}: too many connections were proving their job token at once"
+                ),
             );
             continue;
         }

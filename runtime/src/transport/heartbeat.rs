@@ -141,17 +141,19 @@ pub(crate) fn watches(me: u32, peer: u32, live: impl Iterator<Item = u32>, k: us
 
 impl Watch<'_> {
     /// A link that carries nothing for half of `dead_after` while its pulses keep coming is slow,
-    /// not dead: it is logged once, and traced as a straggler link for as long as it lasts.
+    /// not dead: it is logged once, and traced as a straggler link for as long as it lasts. Not
+    /// when the peer's bytes wait in the socket: then this rank's reader is behind (a starved
+    /// thread, a process busy exiting), not the link.
     fn note_slow(
         &self,
         slow: &mut std::collections::HashMap<u32, std::time::Instant>,
         rank: u32,
-        link: Duration,
+        on: &dyn Link,
         pulse: Option<Duration>,
-        every: Duration,
-        dead_after: Duration,
+        (every, dead_after): (Duration, Duration),
     ) {
-        let is_slow = link > dead_after / 2 && pulse.is_some_and(|p| p <= 3 * every);
+        let link = on.silent_for();
+        let is_slow = link > dead_after / 2 && pulse.is_some_and(|p| p <= 3 * every) && !on.has_unread();
         match (is_slow, slow.get(&rank).copied()) {
             (true, None) => {
                 tracing::warn!(
@@ -287,7 +289,7 @@ impl Watch<'_> {
             }
             let silent = heard.min(w.since.watched_for(rank));
             let pulse = self.pulse.and_then(|p| p.silent_for(rank));
-            self.note_slow(&mut w.slow, rank, link.silent_for(), pulse, every, dead_after);
+            self.note_slow(&mut w.slow, rank, link.as_ref(), pulse, (every, dead_after));
             let (verdict, process, ask_in) = self.ask_kernel(&mut w.asked, rank, silent, &timing);
             next = next.min(ask_in.saturating_add(Duration::from_millis(1)));
             if let Some(why) = process.and_then(|p| kernel_liveness::cause(verdict, p, silent)) {

@@ -232,9 +232,23 @@ impl Inbox {
     /// Records that this rank lost world rank `rank`, to be told to every peer (see
     /// [`Inbox::announcements`]). The first fault recorded for a rank stays.
     pub fn mark_failed(&self, rank: u32, fault: Fault) {
+        self.record_failure(rank, fault, true);
+    }
+
+    /// Records that world rank `rank`'s process exited without destroying its communicator (it
+    /// said so: tcp/rx.rs): a failure to whatever needs it, but no crash to warn of.
+    pub fn mark_exited(&self, rank: u32) {
+        let fault = Fault::sure("its process exited without destroying its communicator");
+        self.record_failure(rank, fault, false);
+    }
+
+    fn record_failure(&self, rank: u32, fault: Fault, warn: bool) {
         let mut st = self.lock();
         if !st.departed.contains_key(&rank) && !st.failed.contains_key(&rank) {
-            tracing::warn!(rank, sure = fault.sure, "peer failed: {}", fault.reason);
+            match warn {
+                true => tracing::warn!(rank, sure = fault.sure, "peer failed: {}", fault.reason),
+                false => tracing::info!(rank, "peer left: {}", fault.reason),
+            }
             st.failed.insert(rank, fault.clone());
             st.unannounced.push((rank, fault));
         }

@@ -13,6 +13,7 @@ pub(crate) mod shm_board;
 /// revoke, a mismatch) is told to every rank at once, on the control connections.
 pub(crate) const WITHDRAW_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
 
+mod farewell;
 pub(crate) mod heartbeat;
 mod inbox;
 mod kernel_liveness;

@@ -88,7 +88,10 @@ pub(crate) struct Net {
     /// What keeps this rank's channels moving while one waits (see channel.rs).
     progress: Option<Progress>,
     graceful: std::sync::atomic::AtomicBool,
-    watchdog: Option<heartbeat::Watchdog>,
+    /// Taken when the world ends (dropped, or left at process exit: farewell.rs).
+    watchdog: std::sync::Mutex<Option<heartbeat::Watchdog>>,
+    /// The world has ended: its links are closed.
+    ended: std::sync::atomic::AtomicBool,
     /// This rank's pulse socket, when heartbeats are on.
     pulse: Option<Arc<pulse::Pulse>>,
     /// HCCN_WATCHED_PEERS (see heartbeat.rs).
@@ -167,7 +170,8 @@ impl Net {
             local,
             progress,
             graceful: std::sync::atomic::AtomicBool::new(true),
-            watchdog,
+            watchdog: std::sync::Mutex::new(watchdog),
+            ended: std::sync::atomic::AtomicBool::new(false),
             pulse,
             watched_peers: cfg.watched_peers,
             on_demand,
@@ -419,8 +423,21 @@ pub(crate) fn introduce(link: &dyn Link, pulse: Option<&pulse::Pulse>) {
     tracing::warn!("a peer was not told who this rank is: its news about this rank will not be understood");
 }
 
-impl Drop for Net {
-    fn drop(&mut self) {
+impl Net {
+    /// Shared by the communicators of the world; said goodbye for at process exit if none
+    /// ends it before (farewell.rs).
+    pub fn shared(self) -> Arc<Net> {
+        let net = Arc::new(self);
+        super::farewell::register(&net);
+        net
+    }
+
+    /// Ends the world: closes its links, with a goodbye unless it was aborted. Once only: when
+    /// dropped, or at process exit.
+    pub(super) fn end(&self) {
+        if self.ended.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         // A goodbye carries what this rank lost: the peers learn why it left with it.
         let graceful = self.graceful.load(std::sync::atomic::Ordering::SeqCst);
         let news = graceful.then(|| news::encode(&self.inbox.by_id(self.inbox.losses())));
@@ -429,7 +446,7 @@ impl Drop for Net {
             on.close(news.clone());
         }
         // Stop watching before the links close, or their closing would look like failures.
-        drop(self.watchdog.take());
+        drop(self.watchdog.locked().take());
         let links = self.links.all();
         for (_, link) in &links {
             link.close(news.as_deref());
@@ -442,5 +459,11 @@ impl Drop for Net {
                 link.linger(until);
             }
         }
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        self.end();
     }
 }

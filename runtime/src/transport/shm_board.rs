@@ -116,17 +116,21 @@ impl Board {
     /// Maps the board another rank created at `path`, checking its size and mark.
     pub(super) fn open(path: &str, n: u32, me: u32, wait: Wait) -> std::io::Result<Board> {
         if !path.starts_with("/dev/shm/hccn-board-") || path.contains("..") {
-            return Err(std::io::Error::other(format!("{path:?} is not a board name")));
+            return Err(std::io::Error::other(format!(
+                "{path:?} is not the shared memory of hccn's small collectives"
+            )));
         }
         let len = board_bytes(n);
         let file = OpenOptions::new().read(true).write(true).open(path)?;
         let have = file.metadata()?.len();
         if have != len as u64 {
-            return Err(std::io::Error::other(format!("board of {have} bytes where {len} were expected")));
+            return Err(std::io::Error::other(format!(
+                "the shared memory of small collectives holds {have} bytes where {len} were expected"
+            )));
         }
         let board = Board::new(Segment::map(&file, len)?, n, me, wait);
         if board.word64(0).load(Ordering::Acquire) != MAGIC {
-            return Err(std::io::Error::other("board not initialised"));
+            return Err(std::io::Error::other("the shared memory of small collectives is not set up yet"));
         }
         Ok(board)
     }
@@ -294,7 +298,10 @@ impl Board {
     /// folded what its slot held `TURNS` turns ago.
     pub fn post(&self, turn: u64, data: &[u8], fp: &Fingerprint, watch: &mut Watch<'_>) -> Result<()> {
         if data.len() > BOARD_BYTES {
-            return Err(Error::internal(format!("{} bytes do not fit a board slot", data.len())));
+            return Err(Error::internal(format!(
+                "a small collective of {} bytes does not fit its shared memory",
+                data.len()
+            )));
         }
         let me = self.me;
         let before = turn.checked_sub(TURNS).map_or(0, |t| t + 1);

@@ -527,7 +527,7 @@ fn run(o: &Options) -> Result<bool, String> {
         if o.check {
             emit(&format!("# Wrong elements       : {total_wrong} {}", if total_wrong == 0 { "OK" } else { "FAILED" }));
         }
-        emit(&format!("# Avg bus bandwidth    : {avg:.4}"));
+        emit(&format!("# Avg bus bandwidth    : {avg:.3}"));
         emit("#");
         if let Some((path, format)) = &o.output {
             let text = match format {

@@ -131,8 +131,8 @@ fn measure_reads() -> ReadCost {
     let cost = ReadCost { read_us: read * 1e6, copy_us: copy * 1e6, pays: read <= READ_PAYS_UP_TO_COPIES * copy };
     tracing::info!(
         target: "hccn_runtime::transport",
-        read_us = cost.read_us,
-        copy_us = cost.copy_us,
+        read_us = %format_args!("{:.1}", cost.read_us),
+        copy_us = %format_args!("{:.1}", cost.copy_us),
         pays = cost.pays,
         "single-copy reads of {} KiB measured against a copy (HCCN_CMA=on reads whatever they cost)",
         CMA_PIECE >> 10

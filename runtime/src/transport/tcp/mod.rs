@@ -301,7 +301,7 @@ const GOODBYE: FrameHeader = FrameHeader {
 /// Tells the peer on `sock` that this rank leaves on purpose, knowing of `news` (best effort:
 /// a peer that cannot hear it sees the connection end).
 fn say_goodbye(sock: &TcpStream, news: &[u8]) {
-    let hdr = FrameHeader { len: news.len() as u64, ..GOODBYE };
+    let hdr = FrameHeader { len: news.len() as u64, tag: crate::transport::farewell::goodbye_tag(), ..GOODBYE };
     let _ = send_all(sock, &hdr.encode(), news);
 }
 

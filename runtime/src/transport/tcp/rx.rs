@@ -316,6 +316,12 @@ fn file(c: &Conn, rx: &mut Rx, hdr: FrameHeader) -> Result<bool, Option<Fault>> 
     }
     let (inbox, peer) = (&c.inbox, c.peer);
     match hdr.kind {
+        FrameKind::Goodbye if hdr.tag == crate::transport::farewell::EXIT_TAG => {
+            // Its process exits without having destroyed the communicator: lost, but no crash.
+            inbox.mark_exited(peer);
+            let _ = c.sock.shutdown(std::net::Shutdown::Write);
+            return Err(None);
+        }
         FrameKind::Goodbye => {
             inbox.mark_departed(peer, news::decode(&payload).unwrap_or_default());
             // Nothing more goes to a rank that left: closing this side ends its wait (`linger`).
