@@ -127,9 +127,11 @@ fn a_slow_link_with_a_deep_queue_is_slow_not_dead() {
 fn short_blips_under_dead_after_are_not_failures() {
     let mut lab = Lab::new("b", 2);
     let store = lab.start_etcd();
-    // Three cuts of 500 ms (HCCN_DEAD_AFTER_MS is 800): TCP's retransmissions back off past the
-    // blip, the pulses do not.
-    let outs = lab.run(&store, 2, &workload(), &["10"], ENV, || {
+    // Three cuts of 500 ms under HCCN_DEAD_AFTER_MS: TCP's retransmissions back off past the
+    // blip, the pulses do not. The silence a rank sees is the cut plus a pulse period plus the
+    // time to be scheduled: 892 ms once at load 40 with the default 800 ms, so 1200 ms here.
+    let env = [ENV, &[("HCCN_DEAD_AFTER_MS", "1200")]].concat();
+    let outs = lab.run(&store, 2, &workload(), &["10"], &env, || {
         for _ in 0..3 {
             std::thread::sleep(Duration::from_millis(1500));
             lab.cut(0, 1);
