@@ -10,7 +10,7 @@
 //! parent's: a child's exit leaves them alone (fork.rs).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Once, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 use super::net::Net;
 use crate::sync::Locked;
@@ -32,28 +32,12 @@ pub(crate) fn goodbye_tag() -> u32 {
 /// The worlds made in this process, with the fork generation each was made in.
 static WORLDS: Mutex<Vec<(u64, Weak<Net>)>> = Mutex::new(Vec::new());
 
-/// Says goodbye for `net` at process exit unless it ends before.
+/// Keeps `net` among the worlds of this process. The exit hook that said goodbye for them is
+/// not installed: ending the worlds at exit made a rank that exits with an error code leave
+/// after the peers that reacted to its goodbye, so a launcher reporting the first exit by time
+/// (hccnrun) reported a survivor's code instead of the failing rank's (issue 45).
 pub(super) fn register(net: &Arc<Net>) {
-    static HOOK: Once = Once::new();
-    // SAFETY: registers a function taking no arguments, once per process; libc runs it at
-    // exit() (or when libhccn is unloaded), in the exiting thread.
-    HOOK.call_once(|| unsafe {
-        libc::atexit(at_exit);
-    });
     let mut worlds = WORLDS.locked();
     worlds.retain(|(_, w)| w.strong_count() > 0);
     worlds.push((crate::fork::generation(), Arc::downgrade(net)));
-}
-
-extern "C" fn at_exit() {
-    EXITING.store(true, Ordering::SeqCst);
-    let generation = crate::fork::generation();
-    let alive: Vec<Arc<Net>> = std::mem::take(&mut *WORLDS.locked())
-        .into_iter()
-        .filter(|(g, _)| *g == generation)
-        .filter_map(|(_, w)| w.upgrade())
-        .collect();
-    for net in &alive {
-        net.end();
-    }
 }

@@ -451,7 +451,10 @@ impl Net {
         for (_, link) in &links {
             link.close(news.as_deref());
         }
-        if news.is_some() {
+        // At process exit the goodbye is not waited out: the peers react to it at once (and
+        // may exit with their own codes), and a launcher that reports the first exit must see
+        // this process's exit first. Its data is in the peers' sockets before the close.
+        if news.is_some() && super::farewell::goodbye_tag() != super::farewell::EXIT_TAG {
             // The peers close their side once they read the goodbye (tcp/rx.rs); a frozen one
             // costs this much once, not per link.
             let until = Instant::now() + LINGER;
