@@ -199,10 +199,12 @@ fn run() -> Result<bool, String> {
             hccn_runtime::rendezvous::runs::world_prefix(&hccn_runtime::rendezvous::runs::job_root(&env.job_id), 1, 0);
         let key = format!("{world}/addr/0");
         let raw = store.get(&key, cfg.timeout).map_err(|e| e.to_string())?;
-        // A record: the address first (rendezvous/ondemand.rs).
+        // A record: the protocol and version, then the address (rendezvous/ondemand.rs).
         let record = String::from_utf8_lossy(&raw);
-        let first = record.split(' ').next().unwrap_or_default();
-        let rank0: SocketAddr = first.parse().map_err(|_| "bad address of rank 0".to_string())?;
+        let rank0: SocketAddr = record
+            .split(' ')
+            .find_map(|w| w.parse().ok())
+            .ok_or_else(|| format!("bad address of rank 0 in {record:?}"))?;
         let mut slow = Vec::new();
         let results = attack(rank0, Purpose::Peer, &env.job_token, &mut seed, &mut slow);
         all_refused &= report("rank", &results);
