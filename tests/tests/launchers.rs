@@ -182,8 +182,8 @@ fn torchrun() -> Command {
     cmd(TORCHRUN)
 }
 
-/// A port for torchrun's `--master-port` whose hccn store port (+53) is free too: left to
-/// itself torchrun picks a free port, and the one 53 above may be another test's at that moment.
+/// A port for torchrun's `--master-port` (or msrun's `--master_port`) whose hccn store port
+/// (+53) is free too: a free port's neighbour 53 above may be another test's at that moment.
 fn master_port() -> String {
     let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
     let port = (0..200)
@@ -392,9 +392,10 @@ fn msrun_workers_run_mindspore_over_hccn_and_its_scheduler_steps_aside() {
         env: &[],
     };
     let logs = scratch().join("msrun-logs");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+    // hccn's store goes 53 above msrun's scheduler port, as with torchrun.
+    let port = master_port();
     let mut c = cmd(format!("{venv}/msrun"));
-    c.args(["--worker_num", "2", "--local_worker_num", "2", "--join", "True", "--master_port", &port.to_string()])
+    c.args(["--worker_num", "2", "--local_worker_num", "2", "--join", "True", "--master_port", &port])
         .arg("--log_dir")
         .arg(&logs)
         .arg(root().join("examples/launchers/ms_allreduce.py"))
