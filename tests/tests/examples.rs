@@ -86,18 +86,31 @@ fn warnings(out: &launch::Outcome) -> Vec<&str> {
     out.stdout.lines().chain(out.stderr.lines()).filter(|l| signs.iter().any(|s| l.contains(s))).collect()
 }
 
+/// A script as a user writes it: no `hccn.finalize()`, and the ranks exit at different times
+/// (the last a second after the first), so the others are still running as each one exits.
+const EXITS_WITHOUT_FINALIZE: &str = "import time, numpy as np, hccn
+world = hccn.init()
+x = np.ones(1000)
+hccn.allreduce(x)
+assert x[0] == world.size
+time.sleep(world.rank / 2)
+print(f'rank {world.rank}: ok', flush=True)
+";
+
 #[test]
 fn healthy_runs_of_the_examples_print_no_warning() {
     let tmp = hccn_tests::scratch::TempDir::new("quiet-examples");
     let (c, cpp) = (tmp.path().join("allreduce"), tmp.path().join("allreduce-cpp"));
     build_c(&root().join("examples/c/allreduce.c"), &c);
     build(Command::new("g++").arg("-std=c++17"), &root().join("examples/cpp/allreduce.cpp"), &cpp);
+    let script = tmp.path().join("exits_without_finalize.py");
+    std::fs::write(&script, EXITS_WITHOUT_FINALIZE).expect("write the script");
     let python = Path::new(hccn_tests::torch::PYTHON);
     let numpy_example = root().join("examples/launchers/allreduce.py");
     let mut runs: Vec<(u32, Vec<&Path>)> =
         vec![(2, vec![&c]), (3, vec![&c]), (4, vec![&c]), (2, vec![&cpp]), (4, vec![&cpp])];
     if python.exists() {
-        runs.extend([(2, vec![python, &numpy_example]), (4, vec![python, &numpy_example])]);
+        runs.extend([(2, vec![python, &numpy_example]), (4, vec![python, &numpy_example]), (3, vec![python, &script])]);
     } else {
         eprintln!("{} is missing: the Python runs are skipped (scripts/setup-python.sh torch)", python.display());
     }

@@ -424,8 +424,8 @@ pub(crate) fn introduce(link: &dyn Link, pulse: Option<&pulse::Pulse>) {
 }
 
 impl Net {
-    /// Shared by the communicators of the world; said goodbye for at process exit if none
-    /// ends it before (farewell.rs).
+    /// Shared by the communicators of the world; said goodbye for at a successful process exit
+    /// if none ends it before (farewell.rs).
     pub fn shared(self) -> Arc<Net> {
         let net = Arc::new(self);
         super::farewell::register(&net);
@@ -451,9 +451,8 @@ impl Net {
         for (_, link) in &links {
             link.close(news.as_deref());
         }
-        // At process exit the goodbye is not waited out: the peers react to it at once (and
-        // may exit with their own codes), and a launcher that reports the first exit must see
-        // this process's exit first. Its data is in the peers' sockets before the close.
+        // At process exit the goodbye is not waited out: a frozen peer must not hold an exiting
+        // process. Its data is in the peers' sockets before the close.
         if news.is_some() && super::farewell::goodbye_tag() != super::farewell::EXIT_TAG {
             // The peers close their side once they read the goodbye (tcp/rx.rs); a frozen one
             // costs this much once, not per link.
