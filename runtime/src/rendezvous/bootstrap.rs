@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::ondemand::{self, Record, ON_DEMAND};
+use super::patience::{Arrivals, Next, Patience};
 use super::Store;
 use crate::auth::{self, Purpose};
 use crate::config::{Config, Transport};
@@ -132,7 +133,10 @@ pub(crate) fn accept_peers(
 ) -> Result<Vec<(u32, TcpStream)>> {
     let sys = |e: std::io::Error| Error::io(ErrorKind::System, "listener", &e);
     listener.set_nonblocking(true).map_err(sys)?;
-    let deadline = Instant::now() + cfg.timeout;
+    // The deadline counts from the last sign of the world forming: the ranks expected becoming
+    // known (the roster, read when every rank arrived), then each member connecting. Until they
+    // are known the caller, which waits for the ranks to arrive, decides (see patience.rs).
+    let mut patience: Option<Patience> = None;
     let handshake_timeout = cfg.timeout.min(Duration::from_secs(10));
     let (tx, rx) = std::sync::mpsc::channel::<(SocketAddr, Result<(u32, TcpStream)>)>();
     let pending = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -150,12 +154,20 @@ pub(crate) fn accept_peers(
                 Ok((rank, _)) if got.iter().any(|(r, _)| *r == rank) => {
                     tracing::warn!(%from, rank, "refused a second connection claiming the same rank");
                 }
-                Ok(member) => got.push(member),
+                Ok(member) => {
+                    got.push(member);
+                    if let Some(p) = patience.as_mut() {
+                        p.grew(Instant::now());
+                    }
+                }
                 Err(_) => {} // logged by its handshake thread
             }
         }
         if all_in(&got) {
             break;
+        }
+        if patience.is_none() && expected.ranks.get().is_some() {
+            patience = Some(Patience::new(Instant::now(), cfg.timeout, 0));
         }
         // At the cap, the next connections wait in the listen queue (not refused: at hundreds
         // of ranks on a few cores, many real members' handshakes are pending at once).
@@ -164,12 +176,13 @@ pub(crate) fn accept_peers(
         let (sock, from) = match accepted {
             Ok(c) => c,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
+                let next = patience.map(|p| p.next(Instant::now()));
+                if next == Some(Next::GiveUp) {
                     let want = expected.ranks.get().cloned().unwrap_or_else(|| from_ranks.clone().collect());
                     let missing: Vec<u32> = want.iter().copied().filter(|r| !got.iter().any(|(g, _)| g == r)).collect();
                     return Err(Error::timeout(format!(
-                        "ranks {missing:?} never connected within {} ms (only {} of the {} expected did); \
-                         did they start, and reach this address?",
+                        "ranks {missing:?} never connected: none came for {} ms (only {} of the {} expected \
+                         did); did they start, and reach this address?",
                         cfg.timeout.as_millis(),
                         got.len(),
                         want.len(),
@@ -181,7 +194,10 @@ pub(crate) fn accept_peers(
                 if early.is_some() {
                     continue;
                 }
-                let left = deadline.saturating_duration_since(Instant::now());
+                let left = match next {
+                    Some(Next::Wait(d)) => d,
+                    _ => Duration::from_millis(500),
+                };
                 expected.known.clear();
                 if all_in(&got) {
                     break;
@@ -271,6 +287,7 @@ pub(crate) fn connect_mesh(
     let addr = listener.local_addr().map_err(|e| Error::io(ErrorKind::System, "listen address", &e))?;
     let mine = Record::mine(addr, size, cfg);
     store.set(&addr_key(prefix, rank), mine.encode().as_bytes())?;
+    Arrivals::count_in(store, prefix)?;
     let w = Meeting { rank, size, store, prefix, mesh, token, cfg };
     let (records, sockets) = w.meet(&listener, &mine)?;
 
@@ -283,6 +300,15 @@ pub(crate) fn connect_mesh(
     let connector = ondemand::connector(rank, mesh, token, &records, listener, cfg)?;
     let pulse = crate::transport::pulse::Pulse::open(cfg.bind_addr, token);
     Ok(Net::new(rank, links, inbox, pulse, (shm, hosts), cfg, connector))
+}
+
+/// Tells an acceptor still waiting to learn whom to expect that nobody is coming.
+struct Unblock<'a>(&'a Expected);
+
+impl Drop for Unblock<'_> {
+    fn drop(&mut self) {
+        self.0.set(Vec::new());
+    }
 }
 
 /// One rank's part in forming a world (see [`connect_mesh`]).
@@ -304,6 +330,9 @@ impl Meeting<'_> {
         std::thread::scope(|s| {
             // Accepting before the roster is read: a rank that reads it sooner connects at once.
             let acceptor = s.spawn(|| accept_peers(listener, mesh, (rank + 1..size, &expected), size, token, cfg));
+            // The acceptor keeps no deadline of its own until it knows whom to expect: however
+            // this closure ends, it knows (nobody, if the roster never came).
+            let _unblock = Unblock(&expected);
             let records = match rank {
                 0 => gather_roster(store, prefix, size, mine, cfg),
                 _ => read_roster(store, prefix, (rank, size), mine, cfg),
@@ -386,8 +415,9 @@ fn parse_record(raw: &[u8], rank: u32) -> Result<Record> {
 /// published as the roster, one record per line in rank order.
 fn gather_roster(store: &dyn Store, prefix: &str, size: u32, mine: &Record, cfg: &Config) -> Result<Vec<Record>> {
     let mut roster = vec![mine.clone()];
+    let mut arrivals = Arrivals::watch(store, prefix, cfg.timeout)?;
     for peer in 1..size {
-        let record = own_record(store, prefix, (peer, size), cfg)?;
+        let record = own_record(&mut arrivals, prefix, (peer, size), cfg)?;
         if record.size != size {
             let e = sizes_differ(0, size, peer, record.size);
             // In the roster's place: the others read it at once instead of waiting for one.
@@ -413,10 +443,9 @@ fn read_roster(
     mine: &Record,
     cfg: &Config,
 ) -> Result<Vec<Record>> {
-    let raw = match store.get(&roster_key(prefix), cfg.timeout) {
-        Ok(raw) => raw,
-        Err(e) if e.kind() == ErrorKind::Timeout => return Err(missing_ranks(store, prefix, size, cfg)),
-        Err(e) => return Err(e),
+    let mut arrivals = Arrivals::watch(store, prefix, cfg.timeout)?;
+    let Some(raw) = arrivals.get(&roster_key(prefix))? else {
+        return Err(missing_ranks(store, prefix, size, cfg));
     };
     let text = String::from_utf8_lossy(&raw);
     if let Some(why) = text.strip_prefix(SIZES_DIFFER) {
@@ -436,24 +465,21 @@ fn read_roster(
     let own = |(peer, r): (usize, Option<Record>)| match r {
         Some(r) => Ok(r),
         None if peer as u32 == rank => Ok(mine.clone()),
-        None => own_record(store, prefix, (peer as u32, size), cfg),
+        None => own_record(&mut arrivals, prefix, (peer as u32, size), cfg),
     };
     roster.into_iter().enumerate().map(own).collect()
 }
 
 /// World rank `peer`'s own record, waited for while the store holds none or one this version
-/// cannot read (a previous run's, until the peer publishes its own).
-fn own_record(store: &dyn Store, prefix: &str, (peer, size): (u32, u32), cfg: &Config) -> Result<Record> {
-    let deadline = Instant::now() + cfg.timeout;
+/// cannot read (a previous run's, until the peer publishes its own), as long as ranks keep
+/// arriving.
+fn own_record(arrivals: &mut Arrivals, prefix: &str, (peer, size): (u32, u32), cfg: &Config) -> Result<Record> {
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let raw = match store.get(&addr_key(prefix, peer), left) {
-            Ok(raw) => raw,
-            Err(e) if e.kind() == ErrorKind::Timeout => return Err(missing_ranks(store, prefix, size, cfg)),
-            Err(e) => return Err(e),
+        let Some(raw) = arrivals.get(&addr_key(prefix, peer))? else {
+            return Err(missing_ranks(arrivals.store(), prefix, size, cfg));
         };
         match parse_record(&raw, peer) {
-            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(e) if arrivals.next() == Next::GiveUp => return Err(e),
             Err(_) => std::thread::sleep(Duration::from_millis(10)),
             ok => return ok,
         }
@@ -479,13 +505,14 @@ fn missing_ranks(store: &dyn Store, prefix: &str, size: u32, cfg: &Config) -> Er
     let missing: Vec<u32> = (0..size).filter(|&r| store.get(&addr_key(prefix, r), Duration::ZERO).is_err()).collect();
     if missing.is_empty() {
         return Error::timeout(format!(
-            "world rank 0 did not publish the roster of addresses within {} ms, though every rank published its own",
+            "world rank 0 did not publish the roster of addresses {} ms after the last rank arrived, though every rank \
+             published its own",
             cfg.timeout.as_millis()
         ));
     }
     Error::timeout(format!(
-        "the world of {size} ranks did not meet within {} ms: ranks {missing:?} never published their address \
-         (did they start, with the same store and world size?)",
+        "the world of {size} ranks did not meet: no rank arrived for {} ms, and ranks {missing:?} never published \
+         their address (did they start, with the same store and world size?)",
         cfg.timeout.as_millis()
     ))
 }
@@ -620,6 +647,53 @@ mod tests {
         for e in errors {
             assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
             assert!(e.message().contains("ranks [2] never published their address"), "{e}");
+        }
+    }
+
+    /// Ranks 0..`come` of a world of 4 start `apart` one after another; what each got, and when.
+    fn staggered(come: u32, apart: Duration, timeout: Duration) -> Vec<(Result<usize>, Duration)> {
+        let token = b"job token";
+        let (server, cfg) = store_for_threads(token, timeout);
+        let started = Instant::now();
+        std::thread::scope(|s| {
+            let ranks: Vec<_> = (0..come)
+                .map(|rank| {
+                    let (server, cfg) = (&server, &cfg);
+                    s.spawn(move || {
+                        std::thread::sleep(apart * rank);
+                        let store = crate::rendezvous::TcpStore::connect(server.local_addr(), token, cfg.timeout)
+                            .expect("store connection");
+                        let got = connect_mesh(rank, 4, &store, "w", 99, token, cfg).map(|net| net.links.all().len());
+                        (got, started.elapsed())
+                    })
+                })
+                .collect();
+            ranks.into_iter().map(|h| h.join().expect("rank")).collect()
+        })
+    }
+
+    #[test]
+    fn a_world_whose_ranks_keep_arriving_meets_after_more_than_the_timeout() {
+        // The last rank starts 1.2 s after the first, whose timeout is 0.6 s.
+        for (rank, (got, at)) in
+            staggered(4, Duration::from_millis(400), Duration::from_millis(600)).into_iter().enumerate()
+        {
+            assert_eq!(got.expect("the world meets"), 3, "rank {rank}");
+            assert!(at >= Duration::from_millis(1200), "rank {rank} met at {at:?}, before the last rank came");
+        }
+    }
+
+    #[test]
+    fn a_world_fails_one_timeout_after_the_last_arrival_naming_who_never_came() {
+        // Ranks 0, 1, 2 come 300 ms apart (the last at 600 ms); rank 3 never does.
+        for (rank, (got, at)) in
+            staggered(3, Duration::from_millis(300), Duration::from_millis(600)).into_iter().enumerate()
+        {
+            let e = got.err().expect("the world cannot meet");
+            assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+            assert!(e.message().contains("ranks [3] never published their address"), "{e}");
+            let ms = at.as_millis();
+            assert!((1150..3000).contains(&ms), "rank {rank} gave up at {ms} ms, not ~600 ms after the last arrival");
         }
     }
 
