@@ -689,7 +689,7 @@ mod tests {
         for (rank, (got, at)) in
             staggered(3, Duration::from_millis(300), Duration::from_millis(600)).into_iter().enumerate()
         {
-            let e = got.err().expect("the world cannot meet");
+            let e = got.expect_err("the world cannot meet");
             assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
             assert!(e.message().contains("ranks [3] never published their address"), "{e}");
             let ms = at.as_millis();

@@ -79,6 +79,20 @@ pub(crate) fn arrivals_key(prefix: &str) -> String {
     format!("{prefix}/arrived")
 }
 
+/// The counter at `key`, read without writing (an `add` of 0 would write on etcd, and wake
+/// every waiting request in the embedded store): both stores keep counters as 8 bytes, little
+/// endian; another store's value is read through `add`.
+fn count(store: &dyn Store, key: &str) -> Result<i64> {
+    match store.get(key, Duration::ZERO) {
+        Ok(v) => match <[u8; 8]>::try_from(v.as_slice()) {
+            Ok(b) => Ok(i64::from_le_bytes(b)),
+            Err(_) => store.add(key, 0),
+        },
+        Err(e) if e.kind() == ErrorKind::Timeout => Ok(0),
+        Err(e) => Err(e),
+    }
+}
+
 /// A rank's waits for keys of its forming world, sharing one clock: the world at `prefix`
 /// stops waiting once nobody arrived for `timeout`.
 pub(crate) struct Arrivals<'a> {
@@ -91,7 +105,7 @@ impl<'a> Arrivals<'a> {
     /// Starts the clock now (call it after counting this rank in).
     pub fn watch(store: &'a dyn Store, prefix: &str, timeout: Duration) -> Result<Arrivals<'a>> {
         let key = arrivals_key(prefix);
-        let patience = Patience::new(Instant::now(), timeout, store.add(&key, 0)?);
+        let patience = Patience::new(Instant::now(), timeout, count(store, &key)?);
         Ok(Arrivals { store, key, patience })
     }
 
@@ -113,7 +127,7 @@ impl<'a> Arrivals<'a> {
                 Err(e) if e.kind() == ErrorKind::Timeout => {}
                 Err(e) => return Err(e),
             }
-            let arrived = self.store.add(&self.key, 0)?;
+            let arrived = count(self.store, &self.key)?;
             self.patience.saw(Instant::now(), arrived);
         }
     }
