@@ -144,6 +144,38 @@ fn a_rank_that_never_joins_is_a_timeout_not_a_hang() {
     assert!((600..2500).contains(&ms), "timeout after {ms} ms with HCCN_TIMEOUT_MS=700");
 }
 
+/// hccnrun starts 4 ranks of `hccn-info --resources` (init, meet, finish) over TCP with a
+/// 2 s timeout; a wrapper holds rank r back r seconds, so the last starts after the first's
+/// timeout. `never`: a rank that sleeps instead and never comes.
+fn staggered_info(never: Option<u32>) -> launch::Outcome {
+    let info = launch::bin("hccn-info");
+    let hold = never.map(|r| format!("if [ \"$HCCN_RANK\" = {r} ]; then exec sleep 30; fi; ")).unwrap_or_default();
+    let script = format!("{hold}sleep \"$HCCN_RANK\"; exec {} --resources", info.display());
+    let mut cmd = std::process::Command::new(launch::bin("hccnrun"));
+    cmd.args(["-n", "4", "sh", "-c", &script]).env("HCCN_TIMEOUT_MS", "2000").env("HCCN_TRANSPORT", "tcp");
+    launch::run(cmd, Duration::from_secs(60))
+}
+
+#[test]
+fn ranks_that_keep_arriving_meet_although_starting_them_takes_longer_than_the_timeout() {
+    let out = staggered_info(None);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    assert!(out.elapsed >= Duration::from_secs(3), "the last rank starts 3 s in: {}", out.describe());
+}
+
+#[test]
+fn a_rank_that_never_comes_fails_the_others_a_timeout_after_the_last_arrival() {
+    let out = staggered_info(Some(3));
+    assert_ne!(out.code, Some(0), "{}", out.describe());
+    let all = format!("{}{}", out.stdout, out.stderr);
+    let named = all.lines().filter(|l| l.contains("ranks [3] never published their address")).count();
+    assert!(named >= 3, "ranks 0, 1 and 2 name rank 3: {}", out.describe());
+    // Rank 2 arrives about 2 s in; the others give up about 2 s later, not at 2 s (their own
+    // timeout) nor at 30 s (the sleeper's end).
+    let secs = out.elapsed.as_secs_f64();
+    assert!((3.8..15.0).contains(&secs), "the job ended after {secs:.1} s: {}", out.describe());
+}
+
 /// Words of the runtime's insides that a person reading an error has no use for.
 const INSIDE_WORDS: [&str; 3] = ["board", "slot", "turn"];
 

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::ondemand::{self, Record, ON_DEMAND};
+use super::patience::{Arrivals, Next, Patience};
 pub(crate) use super::roster::Place;
 use super::roster::{gather_roster, parse_record, read_roster};
 use super::Store;
@@ -134,7 +135,10 @@ pub(crate) fn accept_peers(
 ) -> Result<Vec<(u32, TcpStream)>> {
     let sys = |e: std::io::Error| Error::io(ErrorKind::System, "listener", &e);
     listener.set_nonblocking(true).map_err(sys)?;
-    let deadline = Instant::now() + cfg.timeout;
+    // The deadline counts from the last sign of the world forming: the ranks expected becoming
+    // known (the roster, read when every rank arrived), then each member connecting. Until they
+    // are known the caller, which waits for the ranks to arrive, decides (see patience.rs).
+    let mut patience: Option<Patience> = None;
     let handshake_timeout = cfg.timeout.min(Duration::from_secs(10));
     let (tx, rx) = std::sync::mpsc::channel::<(SocketAddr, Result<(u32, TcpStream)>)>();
     let pending = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -152,12 +156,20 @@ pub(crate) fn accept_peers(
                 Ok((rank, _)) if got.iter().any(|(r, _)| *r == rank) => {
                     tracing::warn!(%from, rank, "refused a second connection claiming the same rank");
                 }
-                Ok(member) => got.push(member),
+                Ok(member) => {
+                    got.push(member);
+                    if let Some(p) = patience.as_mut() {
+                        p.grew(Instant::now());
+                    }
+                }
                 Err(_) => {} // logged by its handshake thread
             }
         }
         if all_in(&got) {
             break;
+        }
+        if patience.is_none() && expected.ranks.get().is_some() {
+            patience = Some(Patience::new(Instant::now(), cfg.timeout, 0));
         }
         // At the cap, the next connections wait in the listen queue (not refused: at hundreds
         // of ranks on a few cores, many real members' handshakes are pending at once).
@@ -166,12 +178,13 @@ pub(crate) fn accept_peers(
         let (sock, from) = match accepted {
             Ok(c) => c,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
+                let next = patience.map(|p| p.next(Instant::now()));
+                if next == Some(Next::GiveUp) {
                     let want = expected.ranks.get().cloned().unwrap_or_else(|| from_ranks.clone().collect());
                     let missing: Vec<u32> = want.iter().copied().filter(|r| !got.iter().any(|(g, _)| g == r)).collect();
                     return Err(Error::timeout(format!(
-                        "ranks {missing:?} never connected within {} ms (only {} of the {} expected did); \
-                         did they start, and reach this address?",
+                        "ranks {missing:?} never connected: none came for {} ms (only {} of the {} expected \
+                         did); did they start, and reach this address?",
                         cfg.timeout.as_millis(),
                         got.len(),
                         want.len(),
@@ -183,7 +196,10 @@ pub(crate) fn accept_peers(
                 if early.is_some() {
                     continue;
                 }
-                let left = deadline.saturating_duration_since(Instant::now());
+                let left = match next {
+                    Some(Next::Wait(d)) => d,
+                    _ => Duration::from_millis(500),
+                };
                 expected.known.clear();
                 if all_in(&got) {
                     break;
@@ -273,6 +289,7 @@ pub(crate) fn connect_mesh(
     let addr = listener.local_addr().map_err(|e| Error::io(ErrorKind::System, "listen address", &e))?;
     let mine = Record::mine(addr, size, cfg);
     store.set(&at.addr_key(rank), mine.encode().as_bytes())?;
+    Arrivals::count_in(store, at.prefix)?;
     let w = Meeting { rank, size, store, at, mesh, token, cfg };
     let (records, sockets) = w.meet(&listener, &mine)?;
 
@@ -285,6 +302,15 @@ pub(crate) fn connect_mesh(
     let connector = ondemand::connector(rank, mesh, token, &records, listener, cfg)?;
     let pulse = crate::transport::pulse::Pulse::open(cfg.bind_addr, token);
     Ok(Net::new(rank, links, inbox, pulse, (shm, hosts), cfg, connector))
+}
+
+/// Tells an acceptor still waiting to learn whom to expect that nobody is coming.
+struct Unblock<'a>(&'a Expected);
+
+impl Drop for Unblock<'_> {
+    fn drop(&mut self) {
+        self.0.set(Vec::new());
+    }
 }
 
 /// One rank's part in forming a world (see [`connect_mesh`]).
@@ -306,6 +332,9 @@ impl Meeting<'_> {
         std::thread::scope(|s| {
             // Accepting before the roster is read: a rank that reads it sooner connects at once.
             let acceptor = s.spawn(|| accept_peers(listener, mesh, (rank + 1..size, &expected), size, token, cfg));
+            // The acceptor keeps no deadline of its own until it knows whom to expect: however
+            // this closure ends, it knows (nobody, if the roster never came).
+            let _unblock = Unblock(&expected);
             let records = match rank {
                 0 => gather_roster(store, at, size, mine, cfg),
                 _ => read_roster(store, at, (rank, size), mine, cfg),
@@ -378,7 +407,8 @@ mod tests {
     /// Where the test worlds meet.
     const AT_W: Place<'static> = Place { prefix: "w", job: None };
 
-    /// A store that counts the reads each rank makes.
+    /// A store that counts the reads of records each rank makes (not those of the arrivals
+    /// counter, one per wait and per slice of it: see patience.rs).
     struct Counting {
         inner: crate::rendezvous::TcpStore,
         gets: std::sync::atomic::AtomicUsize,
@@ -389,7 +419,9 @@ mod tests {
             self.inner.set(key, value)
         }
         fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-            self.gets.fetch_add(1, Ordering::SeqCst);
+            if key != crate::rendezvous::patience::arrivals_key("w") {
+                self.gets.fetch_add(1, Ordering::SeqCst);
+            }
             self.inner.get(key, timeout)
         }
         fn add(&self, key: &str, delta: i64) -> Result<i64> {
@@ -505,6 +537,53 @@ mod tests {
         for e in errors {
             assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
             assert!(e.message().contains("ranks [2] never published their address"), "{e}");
+        }
+    }
+
+    /// Ranks 0..`come` of a world of 4 start `apart` one after another; what each got, and when.
+    fn staggered(come: u32, apart: Duration, timeout: Duration) -> Vec<(Result<usize>, Duration)> {
+        let token = b"job token";
+        let (server, cfg) = store_for_threads(token, timeout);
+        let started = Instant::now();
+        std::thread::scope(|s| {
+            let ranks: Vec<_> = (0..come)
+                .map(|rank| {
+                    let (server, cfg) = (&server, &cfg);
+                    s.spawn(move || {
+                        std::thread::sleep(apart * rank);
+                        let store = crate::rendezvous::TcpStore::connect(server.local_addr(), token, cfg.timeout)
+                            .expect("store connection");
+                        let got = connect_mesh(rank, 4, &store, AT_W, 99, token, cfg).map(|net| net.links.all().len());
+                        (got, started.elapsed())
+                    })
+                })
+                .collect();
+            ranks.into_iter().map(|h| h.join().expect("rank")).collect()
+        })
+    }
+
+    #[test]
+    fn a_world_whose_ranks_keep_arriving_meets_after_more_than_the_timeout() {
+        // The last rank starts 1.2 s after the first, whose timeout is 0.6 s.
+        for (rank, (got, at)) in
+            staggered(4, Duration::from_millis(400), Duration::from_millis(600)).into_iter().enumerate()
+        {
+            assert_eq!(got.expect("the world meets"), 3, "rank {rank}");
+            assert!(at >= Duration::from_millis(1200), "rank {rank} met at {at:?}, before the last rank came");
+        }
+    }
+
+    #[test]
+    fn a_world_fails_one_timeout_after_the_last_arrival_naming_who_never_came() {
+        // Ranks 0, 1, 2 come 300 ms apart (the last at 600 ms); rank 3 never does.
+        for (rank, (got, at)) in
+            staggered(3, Duration::from_millis(300), Duration::from_millis(600)).into_iter().enumerate()
+        {
+            let e = got.expect_err("the world cannot meet");
+            assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+            assert!(e.message().contains("ranks [3] never published their address"), "{e}");
+            let ms = at.as_millis();
+            assert!((1150..3000).contains(&ms), "rank {rank} gave up at {ms} ms, not ~600 ms after the last arrival");
         }
     }
 

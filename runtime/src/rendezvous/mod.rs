@@ -4,6 +4,7 @@
 pub(crate) mod bootstrap;
 pub(crate) mod meet;
 pub(crate) mod ondemand;
+mod patience;
 pub mod pmix;
 mod roster;
 pub mod runs;

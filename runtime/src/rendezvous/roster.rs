@@ -4,9 +4,14 @@
 //! world size or protocol fails the meeting at once, on every rank, naming both values; a rank
 //! that waits in vain names the ranks that never came and the job id it waited under.
 
-use std::time::{Duration, Instant};
+//!
+//! Every wait here lasts while ranks keep arriving: a rank gives up once nobody new arrived for
+//! the timeout (patience.rs), not one timeout after its own start.
+
+use std::time::Duration;
 
 use super::ondemand::{Protocol, Published, Record};
+use super::patience::{Arrivals, Next};
 use super::Store;
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
@@ -54,8 +59,9 @@ pub(super) fn gather_roster(
     cfg: &Config,
 ) -> Result<Vec<Record>> {
     let mut roster = vec![mine.clone()];
+    let mut arrivals = Arrivals::watch(store, at.prefix, cfg.timeout)?;
     for peer in 1..size {
-        let refused = match own_record(store, at, (peer, size), cfg)? {
+        let refused = match own_record(&mut arrivals, at, (peer, size), cfg)? {
             Ok(record) if record.size == size => {
                 roster.push(record);
                 continue;
@@ -84,16 +90,16 @@ pub(super) fn read_roster(
     mine: &Record,
     cfg: &Config,
 ) -> Result<Vec<Record>> {
-    let deadline = Instant::now() + cfg.timeout;
-    let waited = |e: Error| match e.kind() {
-        ErrorKind::Timeout => missing_ranks(store, at, size, cfg),
-        _ => e,
+    let mut arrivals = Arrivals::watch(store, at.prefix, cfg.timeout)?;
+    let Some(first) = arrivals.get(&at.addr_key(0))? else {
+        return Err(missing_ranks(store, at, size, cfg));
     };
-    let first = store.get(&at.addr_key(0), cfg.timeout).map_err(waited)?;
     if let Published::Other(theirs) = Record::read(&String::from_utf8_lossy(&first)) {
         return Err(protocols_differ(rank, 0, &theirs));
     }
-    let raw = store.get(&at.roster_key(), deadline.saturating_duration_since(Instant::now())).map_err(waited)?;
+    let Some(raw) = arrivals.get(&at.roster_key())? else {
+        return Err(missing_ranks(store, at, size, cfg));
+    };
     let text = String::from_utf8_lossy(&raw);
     if let Some(why) = text.strip_prefix(REFUSED) {
         return Err(Error::invalid(why.to_owned()));
@@ -112,7 +118,7 @@ pub(super) fn read_roster(
     let own = |(peer, r): (usize, Option<Record>)| match r {
         Some(r) => Ok(r),
         None if peer as u32 == rank => Ok(mine.clone()),
-        None => own_record(store, at, (peer as u32, size), cfg)?
+        None => own_record(&mut arrivals, at, (peer as u32, size), cfg)?
             .map_err(|theirs| protocols_differ(rank, peer as u32, &theirs)),
     };
     roster.into_iter().enumerate().map(own).collect()
@@ -122,26 +128,22 @@ pub(super) fn read_roster(
 /// read (a previous run's, until the peer publishes its own); the protocol of a record of
 /// another one.
 fn own_record(
-    store: &dyn Store,
+    arrivals: &mut Arrivals<'_>,
     at: Place<'_>,
     (peer, size): (u32, u32),
     cfg: &Config,
 ) -> Result<std::result::Result<Record, Protocol>> {
-    let deadline = Instant::now() + cfg.timeout;
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let raw = match store.get(&at.addr_key(peer), left) {
-            Ok(raw) => raw,
-            Err(e) if e.kind() == ErrorKind::Timeout => return Err(missing_ranks(store, at, size, cfg)),
-            Err(e) => return Err(e),
+        let Some(raw) = arrivals.get(&at.addr_key(peer))? else {
+            return Err(missing_ranks(arrivals.store(), at, size, cfg));
         };
         match Record::read(&String::from_utf8_lossy(&raw)) {
             Published::Ours(record) => return Ok(Ok(record)),
             Published::Other(theirs) => return Ok(Err(theirs)),
-            Published::Unreadable if Instant::now() >= deadline => {
+            Published::Unreadable if arrivals.next() == Next::GiveUp => {
                 return Err(Error::timeout(format!(
-                    "rank {peer} did not publish its address within {} ms (the store holds one this rank cannot \
-                     read, left by an earlier run?)",
+                    "rank {peer} did not publish its address: no rank arrived for {} ms (the store holds one this \
+                     rank cannot read, left by an earlier run?)",
                     cfg.timeout.as_millis()
                 )))
             }
@@ -179,7 +181,8 @@ fn missing_ranks(store: &dyn Store, at: Place<'_>, size: u32, cfg: &Config) -> E
     let missing: Vec<u32> = (0..size).filter(|&r| store.get(&at.addr_key(r), Duration::ZERO).is_err()).collect();
     if missing.is_empty() {
         return Error::timeout(format!(
-            "world rank 0 did not publish the roster of addresses within {} ms, though every rank published its own",
+            "world rank 0 did not publish the roster of addresses {} ms after the last rank arrived, though every \
+             rank published its own",
             cfg.timeout.as_millis()
         ));
     }
@@ -191,8 +194,8 @@ fn missing_ranks(store: &dyn Store, at: Place<'_>, size: u32, cfg: &Config) -> E
         None => String::new(),
     };
     Error::timeout(format!(
-        "the world of {size} ranks did not meet within {} ms: ranks {missing:?} never published their address \
-         (did they start, with the same store and world size?){job}",
+        "the world of {size} ranks did not meet: no rank arrived for {} ms, and ranks {missing:?} never published \
+         their address (did they start, with the same store and world size?){job}",
         cfg.timeout.as_millis()
     ))
 }
