@@ -66,15 +66,68 @@ impl Default for Limits {
     }
 }
 
+/// The keys and values, and the GETs waiting for keys not set yet.
 #[derive(Default)]
 struct Data {
-    map: Mutex<HashMap<String, Vec<u8>>>,
-    changed: Condvar,
+    entries: Mutex<Entries>,
+}
+
+#[derive(Default)]
+struct Entries {
+    values: HashMap<String, Vec<u8>>,
+    /// A condition variable per awaited key, with the number of GETs waiting on it: a write
+    /// wakes only the GETs of its key. (One for all woke every waiting connection thread on
+    /// every write: while 1,024 ranks meet, a million wake-ups on a few cores.)
+    waiting: HashMap<String, (Arc<Condvar>, usize)>,
 }
 
 impl Data {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Vec<u8>>> {
-        self.map.locked()
+    fn lock(&self) -> MutexGuard<'_, Entries> {
+        self.entries.locked()
+    }
+
+    /// Writes `key` and wakes the GETs waiting for it.
+    fn write(&self, entries: &mut Entries, key: String, value: Vec<u8>) {
+        if let Some((changed, _)) = entries.waiting.get(&key) {
+            changed.notify_all();
+        }
+        entries.values.insert(key, value);
+    }
+
+    /// Wakes every waiting GET (the store stops).
+    fn wake_all(&self) {
+        for (changed, _) in self.lock().waiting.values() {
+            changed.notify_all();
+        }
+    }
+
+    /// The value of `key`, waited for until `deadline` (or until the store stops).
+    fn get(&self, key: &str, deadline: Instant, stop: &AtomicBool) -> Option<Vec<u8>> {
+        let mut entries = self.lock();
+        if let Some(v) = entries.values.get(key) {
+            return Some(v.clone());
+        }
+        let slot = entries.waiting.entry(key.to_owned()).or_insert_with(|| (Arc::new(Condvar::new()), 0));
+        slot.1 += 1;
+        let changed = Arc::clone(&slot.0);
+        let found = loop {
+            if let Some(v) = entries.values.get(key) {
+                break Some(v.clone());
+            }
+            let now = Instant::now();
+            if now >= deadline || stop.load(Ordering::SeqCst) {
+                break None;
+            }
+            let wait = (deadline - now).min(Duration::from_millis(500));
+            entries = changed.wait_locked_for(entries, wait);
+        };
+        if let Some(slot) = entries.waiting.get_mut(key) {
+            slot.1 -= 1;
+            if slot.1 == 0 {
+                entries.waiting.remove(key);
+            }
+        }
+        found
     }
 }
 
@@ -210,7 +263,7 @@ impl StoreServer {
 
     /// Whether `key` is set (for the process that hosts the store; no connection needed).
     pub fn contains(&self, key: &str) -> bool {
-        self.shared.data.lock().contains_key(key)
+        self.shared.data.lock().values.contains_key(key)
     }
 
     /// The keys holding `part`, with their values (for the process that hosts the store).
@@ -219,6 +272,7 @@ impl StoreServer {
             .shared
             .data
             .lock()
+            .values
             .iter()
             .filter(|(k, _)| k.contains(part))
             .map(|(k, v)| (k.clone(), v.clone()))
@@ -238,7 +292,7 @@ impl Drop for StoreServer {
         }
         // Closing every connection ends its thread now (even one in a GET or idle).
         self.shared.conns.close_all();
-        self.shared.data.changed.notify_all();
+        self.shared.data.wake_all();
     }
 }
 
@@ -436,53 +490,38 @@ fn serve(conn: &mut impl RequestSource, data: &Data, stop: &AtomicBool, max_wait
         let val = read_bytes(conn, MAX_VALUE_BYTES, "value")?;
         match op[0] {
             OP_SET => {
-                data.lock().insert(key, val);
-                data.changed.notify_all();
+                data.write(&mut data.lock(), key, val);
                 reply(conn, ST_OK, &[])?;
             }
             OP_GET => {
                 let ms = u64::from_le_bytes(val.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8]));
                 let deadline = Instant::now() + Duration::from_millis(ms).min(max_wait);
-                let mut map = data.lock();
-                let found = loop {
-                    if let Some(v) = map.get(&key) {
-                        break Some(v.clone());
-                    }
-                    let now = Instant::now();
-                    if now >= deadline || stop.load(Ordering::SeqCst) {
-                        break None;
-                    }
-                    let wait = (deadline - now).min(Duration::from_millis(500));
-                    map = data.changed.wait_locked_for(map, wait);
-                };
-                drop(map);
-                match found {
+                match data.get(&key, deadline, stop) {
                     Some(v) => reply(conn, ST_OK, &v)?,
                     None => reply(conn, ST_TIMEOUT, &[])?,
                 }
             }
             OP_ADD => {
                 let delta = i64::from_le_bytes(val.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8]));
-                let mut map = data.lock();
-                let cur = map
+                let mut entries = data.lock();
+                let cur = entries
+                    .values
                     .get(&key)
                     .and_then(|v| v.get(..8).and_then(|b| b.try_into().ok()))
                     .map(i64::from_le_bytes)
                     .unwrap_or(0);
                 let new = cur.wrapping_add(delta);
-                map.insert(key, new.to_le_bytes().to_vec());
-                drop(map);
-                data.changed.notify_all();
+                data.write(&mut entries, key, new.to_le_bytes().to_vec());
+                drop(entries);
                 reply(conn, ST_OK, &new.to_le_bytes())?;
             }
             OP_CREATE => {
-                let mut map = data.lock();
-                let existing = map.get(&key).cloned();
+                let mut entries = data.lock();
+                let existing = entries.values.get(&key).cloned();
                 if existing.is_none() {
-                    map.insert(key, val);
+                    data.write(&mut entries, key, val);
                 }
-                drop(map);
-                data.changed.notify_all();
+                drop(entries);
                 match existing {
                     Some(v) => reply(conn, ST_EXISTS, &v)?,
                     None => reply(conn, ST_OK, &[])?,
