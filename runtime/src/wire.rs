@@ -10,7 +10,7 @@ pub const MAGIC: u32 = 0x4843_434e; // "HCCN"
 /// publish in the store (rendezvous/ondemand.rs), which name it first so that ranks running
 /// another protocol are told so when they meet. Version 2 added the fingerprint; 3 named the
 /// protocol in the records.
-pub const VERSION: u16 = 3;
+pub const VERSION: u16 = 4;
 pub const HEADER_LEN: usize = 64;
 
 /// What every rank's call of one operation must agree on (`collectives::fingerprint` makes and

@@ -375,8 +375,9 @@ impl Meeting<'_> {
         let mut hosts: Vec<Option<shm::HostId>> = records.iter().map(|r| Some(r.host)).collect();
         hosts[rank as usize] = Some(here);
         let mut local: Vec<Option<shm::ShmPeer>> = (0..self.size).map(|_| None).collect();
+        let mut processes = Vec::new();
         let learnt = shm::handshake(&mut sockets, rank, self.mesh, &here, cfg)?;
-        for ((peer, _), (host, link)) in sockets.iter().zip(learnt) {
+        for ((peer, _), shm::Learnt { host, link, process }) in sockets.iter().zip(learnt) {
             let (transport, cma) = match &link {
                 Some(l) => ("shm", l.cma()),
                 None => ("tcp", false),
@@ -385,6 +386,7 @@ impl Meeting<'_> {
             tracing::info!(target: "hccn_runtime::transport", rank, peer = *peer, transport, cma, "data link");
             hosts[*peer as usize] = Some(host);
             local[*peer as usize] = link;
+            processes.push((*peer, process));
         }
         let mut links: Vec<Option<Arc<dyn Link>>> = (0..self.size).map(|_| None).collect();
         for (peer, sock) in sockets {
@@ -396,7 +398,11 @@ impl Meeting<'_> {
             .enumerate()
             .filter(|&(peer, r)| peer != rank as usize && cfg.transport != Transport::Tcp && r.shm && r.host == here);
         let sharing = 1 + sharing.count();
-        Ok((links, shm::Shm::new(rank, local, sharing), hosts))
+        let shm = shm::Shm::new(rank, local, sharing);
+        for (peer, process) in processes {
+            shm.know_process(peer, process);
+        }
+        Ok((links, shm, hosts))
     }
 }
 

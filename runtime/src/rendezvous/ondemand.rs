@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use super::bootstrap::{hear_hello, say_hello};
 use crate::config::{Config, Transport};
 use crate::error::{Error, ErrorKind, Result};
-use crate::transport::shm::{self, HostId, ShmPeer};
+use crate::transport::shm::{self, HostId};
 use crate::transport::{Connector, Dialed, OnDemand};
 
 /// Set in the size field of a hello that asks for a connection on demand: a rank still forming
@@ -327,7 +327,7 @@ impl Connector for Dialer {
         }
     }
 
-    fn upgrade(&self, peer: u32, sock: TcpStream) -> Result<(TcpStream, Option<ShmPeer>)> {
+    fn upgrade(&self, peer: u32, sock: TcpStream) -> Result<(TcpStream, Option<shm::Learnt>)> {
         if !self.shared_memory.get(peer as usize).is_some_and(|&on| on) {
             if self.cfg.transport == Transport::Shm {
                 return Err(Error::invalid(format!(
@@ -341,9 +341,8 @@ impl Connector for Dialer {
         sock.set_nodelay(true).map_err(|e| Error::io(ErrorKind::Connect, "socket", &e))?;
         let mut socks = vec![(peer, sock)];
         let learnt = shm::handshake(&mut socks, self.me, self.mesh, &shm::host_id(), &self.cfg)?;
-        let link = learnt.into_iter().next().and_then(|(_, link)| link);
         let (_, sock) = socks.pop().ok_or_else(|| Error::internal("shared-memory handshake lost its socket"))?;
-        Ok((sock, link))
+        Ok((sock, learnt.into_iter().next()))
     }
 }
 

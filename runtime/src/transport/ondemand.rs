@@ -56,7 +56,9 @@ pub(crate) trait Connector: Send + Sync {
     fn accept(&self, on: &Arc<OnDemand>);
     /// Sets up shared memory with `peer` over a connection both sides keep, before its reader
     /// starts, when the pair links that way (both sides call it, and agree whether to).
-    fn upgrade(&self, peer: u32, sock: TcpStream) -> Result<(TcpStream, Option<shm::ShmPeer>)>;
+    /// What the handshake learnt, when there was one (a pair that may not link that way has
+    /// none).
+    fn upgrade(&self, peer: u32, sock: TcpStream) -> Result<(TcpStream, Option<shm::Learnt>)>;
 }
 
 /// What makes and installs links on demand for one world.
@@ -317,7 +319,11 @@ impl OnDemand {
                 format!("no link to world rank {peer}: this rank's world ended"),
             ));
         }
-        let (sock, local) = self.connector.upgrade(peer, sock)?;
+        let (sock, learnt) = self.connector.upgrade(peer, sock)?;
+        let local = learnt.and_then(|l| {
+            self.shm.know_process(peer, l.process);
+            l.link
+        });
         let link = tcp::start_link(sock, peer, &self.inbox, &self.cfg)?;
         let transport = if local.is_some() { "shm" } else { "tcp" };
         tracing::info!(target: "hccn_runtime::transport", rank = self.me, peer, transport, "data link on demand");

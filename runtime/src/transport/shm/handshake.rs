@@ -17,8 +17,16 @@ use super::*;
 
 pub(super) const OFFER_MAGIC: u32 = 0x5348_4d33; // "SHM3": the hello names its rank
 
-/// What the handshake learnt about one peer: its host, and the link if shared memory is set up.
-pub(crate) type Learnt = (HostId, Option<ShmPeer>);
+/// What the handshake learnt about one peer.
+pub(crate) struct Learnt {
+    pub host: HostId,
+    /// The link, if shared memory is set up.
+    pub link: Option<ShmPeer>,
+    /// The peer's process when it runs on this host and this rank sees it in /proc (the same
+    /// pid namespace), whatever the transport: the kernel's word on its liveness
+    /// (kernel_liveness.rs).
+    pub process: Option<Process>,
+}
 
 /// Offers and accepts shared memory on freshly authenticated sockets (`socks`: world rank and
 /// socket per peer), before their reader starts. Returns what was learnt per peer, in `socks`'
@@ -34,7 +42,7 @@ pub(crate) fn handshake(
         sock.set_read_timeout(Some(cfg.timeout)).map_err(hs_err(*peer, "timeout"))?;
     }
     let hosts = exchange_hellos(socks, me, mine, cfg)?;
-    let wanted: Vec<bool> = hosts.iter().map(|(host, allowed)| allowed.is_some_and(|a| a) && host == mine).collect();
+    let wanted: Vec<bool> = hosts.iter().map(|h| h.allows.is_some_and(|a| a) && h.host == *mine).collect();
     let mut links = exchange_segments(socks, &wanted, me, mesh)?;
     for (i, (peer, _)) in socks.iter().enumerate() {
         if links[i].is_none() && cfg.transport == Transport::Shm {
@@ -45,38 +53,47 @@ pub(crate) fn handshake(
         }
     }
     let pids = agree_cma(socks, &links, cfg.cma != Cma::Off)?;
-    for (link, (pid, process)) in links.iter_mut().zip(pids) {
+    for (link, pid) in links.iter_mut().zip(pids) {
         if let Some(l) = link {
             l.cma_pid = pid;
-            l.process = process;
             l.reads_pay = pid.is_some() && (cfg.cma == Cma::On || reads_pay());
         }
     }
-    Ok(hosts.into_iter().map(|(host, _)| host).zip(links).collect())
+    Ok(hosts.into_iter().zip(links).map(|(h, link)| Learnt { host: h.host, link, process: h.process }).collect())
 }
 
-/// Phase 1: who each side is, host ids and whether each side allows shared memory. Returns per
-/// peer its host and, when it is on this host and this side allows shared memory, whether the
-/// peer does. The rank each side names must be the one the other meant to reach: an address read
-/// from a store may be stale (a previous run's), and its port taken since by another member.
-fn exchange_hellos(
-    socks: &mut [(u32, TcpStream)],
-    me: u32,
-    mine: &HostId,
-    cfg: &Config,
-) -> Result<Vec<(HostId, Option<bool>)>> {
+/// A peer's hello, read.
+struct Hello {
+    host: HostId,
+    /// Whether the peer allows shared memory, when it is on this host and this side does.
+    allows: Option<bool>,
+    process: Option<Process>,
+}
+
+/// Bytes of a hello: magic, host id, whether shared memory is allowed, world rank, pid and
+/// process start time.
+const HELLO_BYTES: usize = 53;
+
+/// Phase 1: who each side is, host ids, processes and whether each side allows shared memory.
+/// The rank each side names must be the one the other meant to reach: an address read from a
+/// store may be stale (a previous run's), and its port taken since by another member. A pid
+/// means the peer's process here only if its start time here matches ([`Process::verified`]).
+fn exchange_hellos(socks: &mut [(u32, TcpStream)], me: u32, mine: &HostId, cfg: &Config) -> Result<Vec<Hello>> {
     let allow = cfg.transport != Transport::Tcp;
-    let mut hello = [0u8; 41];
+    let (pid, start) = Process::mine();
+    let mut hello = [0u8; HELLO_BYTES];
     hello[0..4].copy_from_slice(&OFFER_MAGIC.to_le_bytes());
     hello[4..36].copy_from_slice(mine);
     hello[36] = allow as u8;
     hello[37..41].copy_from_slice(&me.to_le_bytes());
+    hello[41..45].copy_from_slice(&pid.to_le_bytes());
+    hello[45..53].copy_from_slice(&start.to_le_bytes());
     for (peer, sock) in socks.iter_mut() {
         sock.write_all(&hello).map_err(hs_err(*peer, "send"))?;
     }
     let mut hosts = Vec::with_capacity(socks.len());
     for (peer, sock) in socks.iter_mut() {
-        let mut theirs = [0u8; 41];
+        let mut theirs = [0u8; HELLO_BYTES];
         sock.read_exact(&mut theirs).map_err(hs_err(*peer, "receive"))?;
         if theirs[0..4] != OFFER_MAGIC.to_le_bytes() {
             return Err(Error::new(ErrorKind::Connect, format!("world rank {peer} sent no shared-memory hello")));
@@ -95,7 +112,12 @@ fn exchange_hellos(
                 "HCCN_TRANSPORT=shm, but world rank {peer} is on another host (or network namespace)"
             )));
         }
-        hosts.push((host, allow.then_some(theirs[36] == 1)));
+        let same_host = host == *mine;
+        let pid = i32::from_le_bytes([theirs[41], theirs[42], theirs[43], theirs[44]]);
+        let mut start = [0u8; 8];
+        start.copy_from_slice(&theirs[45..53]);
+        let process = same_host.then(|| Process::verified(pid, u64::from_le_bytes(start))).flatten();
+        hosts.push(Hello { host, allows: allow.then_some(theirs[36] == 1), process });
     }
     Ok(hosts)
 }
@@ -202,42 +224,34 @@ pub(super) fn hs_err(peer: u32, what: &'static str) -> impl Fn(std::io::Error) -
 /// Phases 4 and 5, for the pairs with a link: both sides send their pid and the address and
 /// value of their [`CMA_MAGIC`], try to read the other's, and tell each other whether that
 /// worked: single-copy reads are on only when both worked (pid namespaces, ptrace policy or
-/// seccomp may forbid them, in one direction only). Returns per peer its pid when they are on,
-/// and its process when this rank sees it in /proc (the kernel's word on its liveness, see
-/// kernel_liveness.rs), which each side's start time after the pid tells.
+/// seccomp may forbid them, in one direction only). Returns per peer its pid when they are on.
 pub(super) fn agree_cma(
     socks: &mut [(u32, TcpStream)],
     links: &[Option<ShmPeer>],
     allow: bool,
-) -> Result<Vec<(Option<i32>, Option<Process>)>> {
+) -> Result<Vec<Option<i32>>> {
     let magic = cma_magic();
-    let (pid, start) = Process::mine();
-    let mut mine = [0u8; 29];
+    let (pid, _) = Process::mine();
+    let mut mine = [0u8; 21];
     mine[0] = allow as u8;
     mine[1..5].copy_from_slice(&pid.to_le_bytes());
     mine[5..13].copy_from_slice(&(magic.as_ptr() as u64).to_le_bytes());
     mine[13..21].copy_from_slice(&magic.load(Ordering::Relaxed).to_le_bytes());
-    mine[21..29].copy_from_slice(&start.to_le_bytes());
     let linked = |i: usize| links[i].is_some();
     for (i, (peer, sock)) in socks.iter_mut().enumerate() {
         if linked(i) {
             sock.write_all(&mine).map_err(hs_err(*peer, "send pid"))?;
         }
     }
-    let mut pids = vec![(None, None); socks.len()];
+    let mut pids = vec![None; socks.len()];
     let mut cans = vec![false; socks.len()];
     for (i, (peer, sock)) in socks.iter_mut().enumerate() {
         if linked(i) {
-            let mut theirs = [0u8; 29];
+            let mut theirs = [0u8; 21];
             sock.read_exact(&mut theirs).map_err(hs_err(*peer, "receive pid"))?;
-            let mut offer = [0u8; 21];
-            offer.copy_from_slice(&theirs[..21]);
-            let (pid, addr, value) = cma_offer(&offer);
+            let (pid, addr, value) = cma_offer(&theirs);
             cans[i] = allow && theirs[0] == 1 && pid.is_some_and(|pid| cma_probe(pid, addr, value));
-            let mut start = [0u8; 8];
-            start.copy_from_slice(&theirs[21..29]);
-            let process = pid.and_then(|pid| Process::verified(pid, u64::from_le_bytes(start)));
-            pids[i] = (pid, process);
+            pids[i] = pid;
             sock.write_all(&[cans[i] as u8]).map_err(hs_err(*peer, "send probe"))?;
         }
     }
@@ -252,7 +266,7 @@ pub(super) fn agree_cma(
                     "no single-copy reads with world rank {peer} (HCCN_CMA, or the kernel forbids them)"
                 );
             }
-            pids[i].0 = pids[i].0.filter(|_| on);
+            pids[i] = pids[i].filter(|_| on);
         }
     }
     Ok(pids)

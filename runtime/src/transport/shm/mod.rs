@@ -56,7 +56,7 @@ pub(crate) use crate::transport::sink::{Out, Sink, WritePiece};
 pub(crate) use crate::transport::wait::{futex_wait, futex_wake, Backoff, Wait, NAP};
 use cma::*;
 pub use cma::{read_cost, ReadCost};
-pub(crate) use handshake::handshake;
+pub(crate) use handshake::{handshake, Learnt};
 use ring::Ring;
 pub(crate) use segment::{demote, demote_small, fell_back, host_id, HostId, Segment};
 
@@ -148,8 +148,6 @@ pub(crate) struct ShmPeer {
     rx_state: Mutex<RxState>,
     /// The peer's process id when both sides may read each other's memory (CMA).
     cma_pid: Option<i32>,
-    /// The peer's process when this rank sees it in /proc (same pid namespace), whatever CMA.
-    process: Option<Process>,
     /// Whether frames to the peer may go by descriptor for a `process_vm_readv`, which costs
     /// more than the copies it saves on some hosts (see [`reads_pay`]); a frame in shareable
     /// memory, read with plain loads, may whenever `cma_pid` is known.
@@ -174,7 +172,6 @@ impl ShmPeer {
             tx_lock: Mutex::new(TxState::default()),
             rx_state: Mutex::new(RxState::default()),
             cma_pid: None,
-            process: None,
             reads_pay: false,
         }
     }
@@ -194,6 +191,8 @@ pub(crate) struct Shm {
     /// This rank's world rank.
     me: u32,
     peers: Vec<OnceLock<ShmPeer>>,
+    /// The processes of this host's peers that this rank sees in /proc, whatever their link.
+    processes: Vec<OnceLock<Process>>,
     /// The world's ranks on this host that may link by shared memory, this one included.
     local: usize,
     wait: Wait,
@@ -229,9 +228,17 @@ impl Shm {
     /// by shared memory (more may link later, see [`Shm::add`]).
     pub fn new(me: u32, peers: Vec<Option<ShmPeer>>, local: usize) -> Shm {
         let local = local.max(1 + peers.iter().filter(|p| p.is_some()).count());
+        let processes = peers.iter().map(|_| OnceLock::new()).collect();
         let peers = peers.into_iter().map(|p| p.map_or_else(OnceLock::new, OnceLock::from)).collect();
         let wait = Wait::for_local_ranks(local);
-        Shm { me, peers, local, wait, said: AtomicU32::new(u32::MAX), spread_in: Countdown::default() }
+        Shm { me, peers, processes, local, wait, said: AtomicU32::new(u32::MAX), spread_in: Countdown::default() }
+    }
+
+    /// Files the process of peer `rank`, learnt at a handshake (the first one stays).
+    pub fn know_process(&self, rank: u32, process: Option<Process>) {
+        if let (Some(slot), Some(p)) = (self.processes.get(rank as usize), process) {
+            let _ = slot.set(p);
+        }
     }
 
     /// Files the link to `rank` set up after the world formed; false when it has one already.
@@ -320,7 +327,7 @@ impl Shm {
 
     /// The process of peer `rank` as the kernel shows it, when this rank can see it.
     pub fn process(&self, rank: u32) -> Option<Process> {
-        self.peer(rank).and_then(|p| p.process)
+        self.processes.get(rank as usize).and_then(OnceLock::get).copied()
     }
 
     /// True when frames to `rank` may go by descriptor (both sides agreed at the handshake).

@@ -68,7 +68,7 @@ fn handshake_among(
                 s.spawn(move || {
                     mine.sort_by_key(|(p, _)| *p);
                     let learnt = handshake(&mut mine, me as u32, mesh, &host, &cfg).expect("handshake");
-                    mine.iter().zip(learnt).map(|((p, _), (_, link))| (*p, link.map(|l| l.cma_pid))).collect()
+                    mine.iter().zip(learnt).map(|((p, _), l)| (*p, l.link.map(|l| l.cma_pid))).collect()
                 })
             })
             .collect();
