@@ -153,7 +153,11 @@ impl Watch<'_> {
         (every, dead_after): (Duration, Duration),
     ) {
         let link = on.silent_for();
-        let is_slow = link > dead_after / 2 && pulse.is_some_and(|p| p <= 3 * every) && !on.has_unread();
+        // Only a link to another host can be slow: a silence to a peer on this one (loopback,
+        // shared memory) is a starved process, which the kernel speaks for (1,024 ranks on 2
+        // cores warned 14,000 times of slow loopback links).
+        let remote = self.host(rank).is_some();
+        let is_slow = remote && link > dead_after / 2 && pulse.is_some_and(|p| p <= 3 * every) && !on.has_unread();
         match (is_slow, slow.get(&rank).copied()) {
             (true, None) => {
                 tracing::warn!(
@@ -274,6 +278,9 @@ impl Watch<'_> {
         let failed = self.inbox.failed();
         let timing = Timing::new(every, dead_after);
         let mut next = every;
+        // How overloaded the host is, read once per pass and only for a peer the kernel says
+        // is running.
+        let mut overload = None;
         let all = self.peers.all();
         // The kernel is asked about watched links only: the others carry no heartbeats.
         let kernel_in = &mut w.kernel_in;
@@ -292,6 +299,12 @@ impl Watch<'_> {
             self.note_slow(&mut w.slow, rank, link.as_ref(), pulse, (every, dead_after));
             let (verdict, process, ask_in) = self.ask_kernel(&mut w.asked, rank, silent, &timing);
             next = next.min(ask_in.saturating_add(Duration::from_millis(1)));
+            // Bytes waiting in the socket mean the peer spoke and our reader is merely behind (a
+            // starved thread on a loaded machine): they are read first, even from a process that
+            // is gone since (its last data, its goodbye), and its end is then read as such.
+            if link.has_unread() {
+                continue;
+            }
             if let Some(why) = process.and_then(|p| kernel_liveness::cause(verdict, p, silent)) {
                 let fault = if verdict == Verdict::Gone { Fault::sure(why) } else { Fault::cut(why) };
                 self.declare(w, rank, link.as_ref(), fault);
@@ -302,15 +315,14 @@ impl Watch<'_> {
                 true => self.host_heard(rank, &hosts_heard, dead_after),
                 false => HostHeard::Silent,
             };
-            let patience = patience(verdict, link.heard_yet(), host.heard(), &timing);
+            let overload = match verdict {
+                Verdict::Alive => *overload.get_or_insert_with(kernel_liveness::overload),
+                _ => 1,
+            };
+            let patience = patience(verdict, link.heard_yet(), host.heard(), &timing, overload);
             let allowed = patience + w.lateness.allowance(std::time::Instant::now());
             if silent <= allowed {
                 next = next.min(allowed - silent + Duration::from_millis(1));
-                continue;
-            }
-            // Bytes waiting in the socket mean the peer spoke and our reader is merely behind
-            // (a starved thread on a loaded machine), not that the peer is gone.
-            if link.has_unread() {
                 continue;
             }
             self.declare(w, rank, link.as_ref(), Fault::cut(silence(verdict, host, silent)));
@@ -401,13 +413,14 @@ impl Watch<'_> {
 
 /// How long a watched peer may be silent. One not heard from yet may still be finishing its
 /// set-up (hundreds of ranks on a few cores finish it far apart): four times `dead_after`. One
-/// the kernel says is running is alive, however starved: four times too. One on a host still
+/// the kernel says is running is alive, however starved: four times too, and more on a host
+/// `overload`ed (kernel_liveness.rs). One on a host still
 /// heard (`host_heard`: by this rank or a host-mate, vouch.rs) is behind a congested path, not
 /// cut off, and its host's ranks watch its process: eight times, a backstop only. Otherwise
 /// `dead_after`.
-fn patience(verdict: Verdict, heard_yet: bool, host_heard: bool, t: &Timing) -> Duration {
+fn patience(verdict: Verdict, heard_yet: bool, host_heard: bool, t: &Timing, overload: u32) -> Duration {
     match verdict {
-        Verdict::Alive => t.alive_patience(),
+        Verdict::Alive => t.alive_patience(overload),
         _ if host_heard => 8 * t.dead_after,
         _ if heard_yet => t.dead_after,
         _ => 4 * t.dead_after,
@@ -516,8 +529,15 @@ mod tests {
             (Verdict::Alive, true, true, 3200),
         ];
         for (v, heard_yet, host_heard, want) in cases {
-            assert_eq!(patience(v, heard_yet, host_heard, &t), ms(want), "{v:?} heard {heard_yet} host {host_heard}");
+            assert_eq!(
+                patience(v, heard_yet, host_heard, &t, 1),
+                ms(want),
+                "{v:?} heard {heard_yet} host {host_heard}"
+            );
         }
+        // Only a peer the kernel says is running waits longer on an overloaded host.
+        assert_eq!(patience(Verdict::Alive, true, false, &t, 3), ms(9600));
+        assert_eq!(patience(Verdict::NoEvidence, true, false, &t, 3), ms(800));
     }
 
     #[test]
