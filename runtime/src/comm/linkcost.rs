@@ -35,6 +35,9 @@ const PING_BYTES: usize = 8;
 const CROWDED_SHM_ALPHA_US: f64 = 5.0;
 /// Series of pings for such a link, a few ms apart, before it keeps the built-in figures.
 const CROWDED_RETRIES: usize = 3;
+/// Ranks per core on rank 0's host beyond which it does not measure but takes the built-in
+/// figures (64 ranks on the 2-core machine still measure).
+const TOO_CROWDED_TO_MEASURE: usize = 32;
 /// Round trips of [`BULK_BYTES`] for β.
 const BULKS: usize = 3;
 const BULK_BYTES: usize = 1 << 20;
@@ -67,12 +70,18 @@ impl Probe<'_> {
     /// Rank 0: the figures, from HCCN_LINK_COST or measured, sent to every other rank.
     fn decide(&self, size: u32) -> Result<LinkCosts> {
         let started = Instant::now();
+        let crowding = self.host_crowding(size);
         let (mut costs, source) = match self.cfg.link_cost {
             LinkCostSource::Builtin => (LinkCosts::builtin(), "built-in"),
             LinkCostSource::Explicit(c) => (c, "HCCN_LINK_COST"),
+            // Pings to a peer that waits its turn for a core time the scheduler, not the link,
+            // and took longer than the others' timeout (1,024 ranks on 2 cores).
+            LinkCostSource::Measure if crowding > TOO_CROWDED_TO_MEASURE => {
+                (LinkCosts::builtin(), "built-in (too many ranks per core to measure)")
+            }
             LinkCostSource::Measure => (self.measure_all(size)?, "measured"),
         };
-        costs.shared_cores = self.host_shares_cores(size);
+        costs.shared_cores = crowding > 1;
         let figures = encode(&costs);
         for peer in self.children(0, size) {
             self.send(peer, TAG_FIGURES, &figures)?;
@@ -83,13 +92,14 @@ impl Probe<'_> {
         Ok(costs)
     }
 
-    /// Rank 0: whether its host runs more of the world's ranks than it has cores.
-    fn host_shares_cores(&self, size: u32) -> bool {
+    /// Rank 0: how many of the world's ranks its host runs per core it has, rounded up (more
+    /// than 1: they share cores).
+    fn host_crowding(&self, size: u32) -> usize {
         let hosts = &self.net.hosts;
         let here = hosts.first().copied().flatten();
         let local = (0..size as usize).filter(|&r| here.is_some() && hosts.get(r).copied().flatten() == here).count();
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-        local > cores
+        local.div_ceil(cores)
     }
 
     /// Rank 0: the built-in figures, with those of the kinds it reaches replaced by measured ones.
@@ -101,7 +111,7 @@ impl Probe<'_> {
             let cost = match known {
                 Some(c) => c,
                 None => {
-                    let c = sane(kind, self.measure_undisturbed(kind, peer, !self.host_shares_cores(size))?);
+                    let c = sane(kind, self.measure_undisturbed(kind, peer, self.host_crowding(size) <= 1)?);
                     lock().push((kind, remote, c));
                     c
                 }
