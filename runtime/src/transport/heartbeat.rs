@@ -316,7 +316,7 @@ impl Watch<'_> {
                 false => HostHeard::Silent,
             };
             let overload = match verdict {
-                Verdict::Alive => *overload.get_or_insert_with(kernel_liveness::overload),
+                Verdict::Alive => *overload.get_or_insert_with(super::starved::overload),
                 _ => 1,
             };
             let patience = patience(verdict, link.heard_yet(), host.heard(), &timing, overload);

@@ -69,7 +69,7 @@ impl Timing {
     }
 
     /// How long a peer the kernel says is alive may be silent, on a host asked for `overload`
-    /// times its CPUs ([`overload`]): a starved process is not dead, but one that says nothing
+    /// times its cores (starved.rs): a starved process is not dead, but one that says nothing
     /// for this long is hung (its watchdog cannot run at all). Four times `dead_after`, and up
     /// to four times that again while the host has that many more threads ready to run than
     /// CPUs: then every process waits its turn that much longer (1,024 ranks on 2 cores went
@@ -77,20 +77,6 @@ impl Timing {
     pub fn alive_patience(&self, overload: u32) -> Duration {
         4 * self.dead_after * overload.clamp(1, 4)
     }
-}
-
-/// How many times over this host's CPUs are asked for now: the threads ready to run (the
-/// kernel's count in /proc/loadavg) per online CPU, rounded down; 1 when it cannot be read.
-pub(crate) fn overload() -> u32 {
-    let runnable = std::fs::read_to_string("/proc/loadavg").ok().and_then(|t| runnable(&t));
-    // SAFETY: sysconf only reads a system value.
-    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as u32;
-    runnable.map_or(1, |r| (r / cpus).max(1))
-}
-
-/// The threads ready to run, from a /proc/loadavg line ("0.52 0.58 0.59 3/1043 12345").
-fn runnable(loadavg: &str) -> Option<u32> {
-    loadavg.split_whitespace().nth(3)?.split('/').next()?.parse().ok()
 }
 
 /// The verdict on a peer silent for `silent` that the kernel saw as `seen`.
@@ -217,10 +203,6 @@ mod tests {
         for (overload, want) in cases {
             assert_eq!(t.alive_patience(overload), ms(want), "overload {overload}");
         }
-        assert_eq!(runnable("0.52 0.58 0.59 3/1043 12345"), Some(3));
-        assert_eq!(runnable("0.52 0.58 0.59 1043 12345"), Some(1043));
-        assert_eq!(runnable("garbage"), None);
-        assert!(overload() >= 1);
     }
 
     #[test]

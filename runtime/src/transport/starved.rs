@@ -61,9 +61,20 @@ pub(crate) fn host_cores() -> u32 {
 }
 
 fn queue_wait_in(loadavg: &str, cores: u32) -> Duration {
-    let runnable = loadavg.split_whitespace().nth(3).and_then(|f| f.split('/').next()).and_then(|r| r.parse().ok());
-    let beyond = runnable.unwrap_or(0u32).saturating_sub(cores);
+    let beyond = runnable(loadavg).unwrap_or(0).saturating_sub(cores);
     SLICE * beyond / cores.max(1)
+}
+
+/// How many times over the host's cores are asked for now: the runnable threads per core,
+/// rounded down; 1 when /proc/loadavg cannot be read.
+pub(crate) fn overload() -> u32 {
+    let runnable = std::fs::read_to_string("/proc/loadavg").ok().and_then(|t| runnable(&t));
+    runnable.map_or(1, |r| (r / host_cores()).max(1))
+}
+
+/// The runnable threads, from a /proc/loadavg line ("0.52 0.58 0.59 3/1043 12345").
+fn runnable(loadavg: &str) -> Option<u32> {
+    loadavg.split_whitespace().nth(3)?.split('/').next()?.parse().ok()
 }
 
 #[cfg(test)]
@@ -93,6 +104,8 @@ mod tests {
         assert_eq!(queue_wait_in("26.83 14.23 7.34 5/139 16522", 2), Duration::from_millis(6));
         assert_eq!(queue_wait_in("0.1 0.1 0.1 1/90 1", 2), Duration::ZERO);
         assert_eq!(queue_wait_in("garbage", 2), Duration::ZERO);
+        assert_eq!(runnable("0.52 0.58 0.59 1043 12345"), Some(1043));
+        assert!(overload() >= 1);
         let t0 = Instant::now();
         let mut l = Lateness::default();
         l.woke(t0, t0 + Duration::from_millis(1), Duration::from_millis(1000));
