@@ -3,7 +3,6 @@
 
 use std::collections::HashSet;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, ChildStderr, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,6 +17,7 @@ use super::guard::{self, Guard};
 use super::options::Options;
 use super::output::{self, Files};
 use super::roster::{Label, Roster};
+use super::trampoline;
 use super::{describe, exit_code, say, signal_name, SIGNAL};
 use crate::hostfile;
 use crate::world::{EarlyExits, World};
@@ -95,40 +95,6 @@ fn core_for(local: u32) -> io::Result<usize> {
         return Err(io::Error::other("--bind-to core: this process may run on no CPU"));
     }
     Ok(cpus[local as usize % cpus.len()])
-}
-
-/// What the forked child does before its program starts: bind to `cpu`, die with hccnrun,
-/// and keep its lifeline (the write end, the descriptor it goes to; see exits.rs).
-fn before_exec(cmd: &mut Command, cpu: Option<usize>, lifeline: Option<(i32, i32)>) {
-    let parent = std::process::id() as libc::pid_t;
-    // SAFETY: the closure runs in the forked child before exec and only makes
-    // async-signal-safe calls (prctl, getppid, sched_setaffinity, dup2).
-    unsafe {
-        cmd.pre_exec(move || {
-            if let Some(cpu) = cpu {
-                let mut set: libc::cpu_set_t = std::mem::zeroed();
-                libc::CPU_SET(cpu, &mut set);
-                if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            // The process dies with hccnrun even when hccnrun is SIGKILLed (what it starts in
-            // turn: the watcher, see guard.rs).
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // hccnrun may have died before the prctl took effect.
-            if libc::getppid() != parent {
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            // A copy without close-on-exec, which the program keeps; failing only loses the
-            // precise timing.
-            if let Some((write_end, at)) = lifeline {
-                libc::dup2(write_end, at);
-            }
-            Ok(())
-        })
-    };
 }
 
 pub(super) struct Job {
@@ -235,14 +201,8 @@ impl Job {
     /// Starts rank `slot` (`restart`: the replacement's number, for --elastic).
     pub(super) fn spawn(&mut self, o: &Options, slot: u32, restart: Option<u32>) -> io::Result<()> {
         let place = o.place(slot).map_err(io::Error::other)?;
-        let mut cmd = self.command(o, slot, &place)?;
+        let rank_cmd = self.command(o, slot, &place)?;
         let files = Files::create(o.output_dir.as_deref(), slot, restart)?;
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            // Its own group, so that stopping a rank reaches whatever it started (a shell's
-            // children, say) and a terminal's Ctrl-C reaches the ranks only through hccnrun.
-            .process_group(0);
         // Its end is timed by this pipe's hang-up (exits.rs); a rank without one is timed by
         // the kernel's notice.
         let lifeline = exits::lifeline().ok();
@@ -250,9 +210,15 @@ impl Job {
             None if o.bind_to_core => Some(core_for(place.local)?),
             _ => None,
         };
-        before_exec(&mut cmd, cpu, lifeline.as_ref().map(|(_, w)| (w.as_raw_fd(), self.lifeline_fd)));
+        let (life_read, life_write) = lifeline.map_or((None, None), |(r, w)| (Some(r), Some((w, self.lifeline_fd))));
+        let mut cmd = trampoline::wrap(&rank_cmd, trampoline::Setup { cpu, lifeline: life_write })?;
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Its own group, so that stopping a rank reaches whatever it started (a shell's
+            // children, say) and a terminal's Ctrl-C reaches the ranks only through hccnrun.
+            .process_group(0);
         let mut child = cmd.spawn()?;
-        let life_read = lifeline.map(|(r, _)| r);
+        drop(cmd);
         let pid = child.id() as i32;
         self.guard.watch(pid);
         let index = self.ranks.len();

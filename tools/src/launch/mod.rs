@@ -23,12 +23,17 @@ mod limits;
 pub mod options;
 mod output;
 mod roster;
+mod trampoline;
 
 use job::Job;
 pub use options::{parse, Elastic, Invocation, Options, USAGE};
 
 /// hccnrun's entry point; returns the process exit code.
 pub fn main() -> i32 {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if args.first().is_some_and(|a| a == trampoline::FLAG) {
+        trampoline::run(&args[1..]);
+    }
     match parse(Args::from_env()) {
         Ok(Invocation::Help) => {
             let _ = io::stdout().write_all(USAGE.as_bytes());
