@@ -79,7 +79,7 @@ impl Probe<'_> {
             LinkCostSource::Measure if crowding > TOO_CROWDED_TO_MEASURE => {
                 (LinkCosts::builtin(), "built-in (too many ranks per core to measure)")
             }
-            LinkCostSource::Measure => (self.measure_all(size)?, "measured"),
+            LinkCostSource::Measure => (self.measure_all(size, crowding)?, "measured"),
         };
         costs.shared_cores = crowding > 1;
         let figures = encode(&costs);
@@ -103,7 +103,7 @@ impl Probe<'_> {
     }
 
     /// Rank 0: the built-in figures, with those of the kinds it reaches replaced by measured ones.
-    fn measure_all(&self, size: u32) -> Result<LinkCosts> {
+    fn measure_all(&self, size: u32, crowding: usize) -> Result<LinkCosts> {
         let mut costs = LinkCosts::builtin();
         for (kind, peer) in self.peers(size) {
             let remote = self.net.hosts.get(peer as usize) != self.net.hosts.first();
@@ -111,7 +111,7 @@ impl Probe<'_> {
             let cost = match known {
                 Some(c) => c,
                 None => {
-                    let c = sane(kind, self.measure_undisturbed(kind, peer, self.host_crowding(size) <= 1)?);
+                    let c = sane(kind, self.measure_undisturbed(kind, peer, crowding <= 1)?);
                     lock().push((kind, remote, c));
                     c
                 }

@@ -524,30 +524,17 @@ mod tests {
 
     #[test]
     fn a_world_that_does_not_meet_names_the_ranks_that_never_came() {
-        let token = b"job token";
-        let (server, cfg) = store_for_threads(token, Duration::from_millis(600));
         // Ranks 0 and 1 of 3 come; rank 2 never does.
-        let errors: Vec<Error> = std::thread::scope(|s| {
-            let ranks: Vec<_> = (0..2u32)
-                .map(|rank| {
-                    let (server, cfg) = (&server, &cfg);
-                    s.spawn(move || {
-                        let store = crate::rendezvous::TcpStore::connect(server.local_addr(), token, cfg.timeout)
-                            .expect("store connection");
-                        connect_mesh(rank, 3, &store, AT_W, 99, token, cfg).err().expect("the world cannot meet")
-                    })
-                })
-                .collect();
-            ranks.into_iter().map(|h| h.join().expect("rank")).collect()
-        });
-        for e in errors {
+        for (got, _) in staggered((2, 3), Duration::ZERO, Duration::from_millis(600)) {
+            let e = got.expect_err("the world cannot meet");
             assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
             assert!(e.message().contains("ranks [2] never published their address"), "{e}");
         }
     }
 
-    /// Ranks 0..`come` of a world of 4 start `apart` one after another; what each got, and when.
-    fn staggered(come: u32, apart: Duration, timeout: Duration) -> Vec<(Result<usize>, Duration)> {
+    /// Ranks 0..`come` of a world of `size` start `apart` one after another; what each got (its
+    /// links), and when.
+    fn staggered((come, size): (u32, u32), apart: Duration, timeout: Duration) -> Vec<(Result<usize>, Duration)> {
         let token = b"job token";
         let (server, cfg) = store_for_threads(token, timeout);
         let started = Instant::now();
@@ -559,7 +546,8 @@ mod tests {
                         std::thread::sleep(apart * rank);
                         let store = crate::rendezvous::TcpStore::connect(server.local_addr(), token, cfg.timeout)
                             .expect("store connection");
-                        let got = connect_mesh(rank, 4, &store, AT_W, 99, token, cfg).map(|net| net.links.all().len());
+                        let got =
+                            connect_mesh(rank, size, &store, AT_W, 99, token, cfg).map(|net| net.links.all().len());
                         (got, started.elapsed())
                     })
                 })
@@ -572,7 +560,7 @@ mod tests {
     fn a_world_whose_ranks_keep_arriving_meets_after_more_than_the_timeout() {
         // The last rank starts 1.2 s after the first, whose timeout is 0.6 s.
         for (rank, (got, at)) in
-            staggered(4, Duration::from_millis(400), Duration::from_millis(600)).into_iter().enumerate()
+            staggered((4, 4), Duration::from_millis(400), Duration::from_millis(600)).into_iter().enumerate()
         {
             assert_eq!(got.expect("the world meets"), 3, "rank {rank}");
             assert!(at >= Duration::from_millis(1200), "rank {rank} met at {at:?}, before the last rank came");
@@ -583,7 +571,7 @@ mod tests {
     fn a_world_fails_one_timeout_after_the_last_arrival_naming_who_never_came() {
         // Ranks 0, 1, 2 come 300 ms apart (the last at 600 ms); rank 3 never does.
         for (rank, (got, at)) in
-            staggered(3, Duration::from_millis(300), Duration::from_millis(600)).into_iter().enumerate()
+            staggered((3, 4), Duration::from_millis(300), Duration::from_millis(600)).into_iter().enumerate()
         {
             let e = got.expect_err("the world cannot meet");
             assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");

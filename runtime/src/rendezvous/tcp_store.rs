@@ -81,17 +81,19 @@ struct Entries {
     waiting: HashMap<String, (Arc<Condvar>, usize)>,
 }
 
+impl Entries {
+    /// Writes `key` and wakes the GETs waiting for it.
+    fn write(&mut self, key: String, value: Vec<u8>) {
+        if let Some((changed, _)) = self.waiting.get(&key) {
+            changed.notify_all();
+        }
+        self.values.insert(key, value);
+    }
+}
+
 impl Data {
     fn lock(&self) -> MutexGuard<'_, Entries> {
         self.entries.locked()
-    }
-
-    /// Writes `key` and wakes the GETs waiting for it.
-    fn write(&self, entries: &mut Entries, key: String, value: Vec<u8>) {
-        if let Some((changed, _)) = entries.waiting.get(&key) {
-            changed.notify_all();
-        }
-        entries.values.insert(key, value);
     }
 
     /// Wakes every waiting GET (the store stops).
@@ -490,7 +492,7 @@ fn serve(conn: &mut impl RequestSource, data: &Data, stop: &AtomicBool, max_wait
         let val = read_bytes(conn, MAX_VALUE_BYTES, "value")?;
         match op[0] {
             OP_SET => {
-                data.write(&mut data.lock(), key, val);
+                data.lock().write(key, val);
                 reply(conn, ST_OK, &[])?;
             }
             OP_GET => {
@@ -511,7 +513,7 @@ fn serve(conn: &mut impl RequestSource, data: &Data, stop: &AtomicBool, max_wait
                     .map(i64::from_le_bytes)
                     .unwrap_or(0);
                 let new = cur.wrapping_add(delta);
-                data.write(&mut entries, key, new.to_le_bytes().to_vec());
+                entries.write(key, new.to_le_bytes().to_vec());
                 drop(entries);
                 reply(conn, ST_OK, &new.to_le_bytes())?;
             }
@@ -519,7 +521,7 @@ fn serve(conn: &mut impl RequestSource, data: &Data, stop: &AtomicBool, max_wait
                 let mut entries = data.lock();
                 let existing = entries.values.get(&key).cloned();
                 if existing.is_none() {
-                    data.write(&mut entries, key, val);
+                    entries.write(key, val);
                 }
                 drop(entries);
                 match existing {

@@ -299,33 +299,36 @@ impl Watch<'_> {
             self.note_slow(&mut w.slow, rank, link.as_ref(), pulse, (every, dead_after));
             let (verdict, process, ask_in) = self.ask_kernel(&mut w.asked, rank, silent, &timing);
             next = next.min(ask_in.saturating_add(Duration::from_millis(1)));
+            let fault = match process.and_then(|p| kernel_liveness::cause(verdict, p, silent)) {
+                Some(why) if verdict == Verdict::Gone => Fault::sure(why),
+                Some(why) => Fault::cut(why),
+                None => {
+                    // Patience never falls below `dead_after`: the host's evidence is looked for
+                    // only then.
+                    let host = match silent > dead_after {
+                        true => self.host_heard(rank, &hosts_heard, dead_after),
+                        false => HostHeard::Silent,
+                    };
+                    let overload = match verdict {
+                        Verdict::Alive => *overload.get_or_insert_with(super::starved::overload),
+                        _ => 1,
+                    };
+                    let patience = patience(verdict, link.heard_yet(), host.heard(), &timing, overload);
+                    let allowed = patience + w.lateness.allowance(std::time::Instant::now());
+                    if silent <= allowed {
+                        next = next.min(allowed - silent + Duration::from_millis(1));
+                        continue;
+                    }
+                    Fault::cut(silence(verdict, host, silent))
+                }
+            };
             // Bytes waiting in the socket mean the peer spoke and our reader is merely behind (a
             // starved thread on a loaded machine): they are read first, even from a process that
             // is gone since (its last data, its goodbye), and its end is then read as such.
             if link.has_unread() {
                 continue;
             }
-            if let Some(why) = process.and_then(|p| kernel_liveness::cause(verdict, p, silent)) {
-                let fault = if verdict == Verdict::Gone { Fault::sure(why) } else { Fault::cut(why) };
-                self.declare(w, rank, link.as_ref(), fault);
-                continue;
-            }
-            // Patience never falls below `dead_after`: the host's evidence is looked for only then.
-            let host = match silent > dead_after {
-                true => self.host_heard(rank, &hosts_heard, dead_after),
-                false => HostHeard::Silent,
-            };
-            let overload = match verdict {
-                Verdict::Alive => *overload.get_or_insert_with(super::starved::overload),
-                _ => 1,
-            };
-            let patience = patience(verdict, link.heard_yet(), host.heard(), &timing, overload);
-            let allowed = patience + w.lateness.allowance(std::time::Instant::now());
-            if silent <= allowed {
-                next = next.min(allowed - silent + Duration::from_millis(1));
-                continue;
-            }
-            self.declare(w, rank, link.as_ref(), Fault::cut(silence(verdict, host, silent)));
+            self.declare(w, rank, link.as_ref(), fault);
         }
         next
     }

@@ -218,6 +218,7 @@ impl Job {
             // children, say) and a terminal's Ctrl-C reaches the ranks only through hccnrun.
             .process_group(0);
         let mut child = cmd.spawn()?;
+        // Closes hccnrun's copy of the lifeline's write end: the rank's is the last.
         drop(cmd);
         let pid = child.id() as i32;
         self.guard.watch(pid);

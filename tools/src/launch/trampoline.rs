@@ -5,6 +5,7 @@
 //! `/bin/true` took 31 s, quadratic in the ranks (128: 0.6 s, 512: 8.1 s). A spawn without a
 //! closure to run before `exec` is a `posix_spawn`, which copies nothing.
 
+use std::convert::Infallible;
 use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::fd::OwnedFd;
@@ -86,9 +87,7 @@ pub(crate) fn run(args: &[OsString]) -> ! {
     std::process::exit(code)
 }
 
-enum Never {}
-
-fn start(args: &[OsString]) -> io::Result<Never> {
+fn start(args: &[OsString]) -> io::Result<Infallible> {
     let bad = || io::Error::new(io::ErrorKind::InvalidInput, format!("{FLAG}: malformed arguments {args:?}"));
     let [parent, cpu, at, dashes, program, rest @ ..] = args else { return Err(bad()) };
     let number = |s: &OsString| s.to_str().and_then(|s| s.parse::<i64>().ok());
@@ -160,9 +159,9 @@ mod tests {
     #[test]
     fn malformed_arguments_are_refused_not_run() {
         let args: Vec<OsString> = ["1", "-", "-", "-", "true"].iter().map(OsString::from).collect();
-        let e = start(&args).err().expect("no -- before the program");
+        let e = start(&args).expect_err("no -- before the program");
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
-        let e = start(&args[..2]).err().expect("too few");
+        let e = start(&args[..2]).expect_err("too few");
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
     }
 }
